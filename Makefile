@@ -1,0 +1,34 @@
+# The two commands of the README. Both set up .venv from nothing on a fresh machine.
+#   make test   install, then run the whole test suite (CPU is enough: kernels run in Triton's interpreter)
+#   make run    install, then execute every notebook with papermill into build/ and print a summary
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# On a machine without an NVIDIA GPU, Triton comes from here (for its interpreter); CUDA builds of
+# torch bring the Triton they were built with.
+HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TRITON   := $(if $(HAVE_GPU),,triton==3.6.0)
+
+.PHONY: test run install clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch $(TRITON)
+	$(PIP) install -q -c constraints.txt -e ".[test]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+	@if ls notebooks/*.ipynb >/dev/null 2>&1; then $(PY) -m pytest -q -p no:cacheprovider --nbval-lax notebooks; fi
+
+run: $(VENV)/.installed
+	$(PY) -m labkit notebooks --out build
+
+clean:
+	rm -rf $(VENV) build

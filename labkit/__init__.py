@@ -1,0 +1,30 @@
+"""labkit: hybrid-model decoding (LFM2 short-conv, Qwen3.5 Gated DeltaNet) made fast, step by step.
+
+    import labkit
+    model = labkit.build("lfm2-350m", dtype=torch.bfloat16, device="cuda")
+    out = labkit.generate(model, input_ids, max_new_tokens=128, backend="reference")
+"""
+
+from .backends import BACKENDS
+from .cache import CacheFullError, HybridCache
+from .checkpoint import CheckpointError, load, save
+from .config import PRESETS, ModelConfig
+from .generate import GenerationResult, generate
+from .model import HybridLM, build
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "CacheFullError",
+    "CheckpointError",
+    "GenerationResult",
+    "HybridCache",
+    "HybridLM",
+    "ModelConfig",
+    "PRESETS",
+    "build",
+    "generate",
+    "load",
+    "save",
+]

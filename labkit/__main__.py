@@ -1,0 +1,35 @@
+"""Command line: ``python -m labkit <command>`` (also installed as ``labkit``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _notebooks(args: argparse.Namespace) -> int:
+    from .notebooks import cpu_environment, print_summary, run_notebooks
+
+    cpu_environment()
+    params = dict(kv.split("=", 1) for kv in args.param)
+    rows = run_notebooks(args.out, parameters=params, only=args.only)
+    print_summary(rows)
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    nb = sub.add_parser("notebooks", help="execute the notebooks with papermill")
+    nb.add_argument("--out", default="build", help="where the executed notebooks go")
+    nb.add_argument("--only", nargs="*", help="run the notebooks whose names contain these")
+    nb.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a papermill parameter (string value), repeatable")
+    nb.set_defaults(func=_notebooks)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

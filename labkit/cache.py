@@ -1,0 +1,119 @@
+"""A static cache for hybrid decoders: every buffer is allocated once and never moves.
+
+What a layer must remember between tokens depends on its mixer:
+
+- attention: keys and values of every past token, ``[B, kv_heads, max_len, head_dim]`` each;
+  this is the only part that grows with the context;
+- LFM2 short conv: the last ``K-1`` inputs of its causal conv, ``[B, K-1, hidden]``;
+- Gated DeltaNet: the last ``K-1`` inputs of its conv, ``[B, K-1, conv_dim]``, and the recurrent
+  state, ``[B, v_heads, k_head_dim, v_head_dim]`` in float32, a fixed size however long the context.
+
+Because nothing is reallocated, a decode step that reads positions from ``lengths`` (a device
+tensor) can be captured once in a CUDA graph and replayed for every token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class CacheFullError(RuntimeError):
+    """Raised before a forward pass that would write past ``max_len``; the cache is left intact."""
+
+
+class HybridCache:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.cfg = cfg
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.dtype = dtype
+        self.device = torch.device(device)
+        B = batch_size
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.conv_states: dict[int, torch.Tensor] = {}
+        self.recurrent_states: dict[int, torch.Tensor] = {}
+        for i, kind in enumerate(cfg.layer_types):
+            if kind == "attention":
+                shape = (B, cfg.num_kv_heads, max_len, cfg.head_dim)
+                self.keys[i] = torch.zeros(shape, dtype=dtype, device=self.device)
+                self.values[i] = torch.zeros(shape, dtype=dtype, device=self.device)
+            elif kind == "conv":
+                shape = (B, cfg.conv_kernel - 1, cfg.hidden_size)
+                self.conv_states[i] = torch.zeros(shape, dtype=dtype, device=self.device)
+            elif kind == "gdn":
+                shape = (B, cfg.gdn_conv_kernel - 1, cfg.gdn_conv_dim)
+                self.conv_states[i] = torch.zeros(shape, dtype=dtype, device=self.device)
+                shape = (B, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim)
+                self.recurrent_states[i] = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        # Tokens already in the cache, per sequence: on the device for kernels and graphs, and a
+        # host copy so that bounds are checked without a device sync.
+        self.lengths = torch.zeros(B, dtype=torch.int32, device=self.device)
+        self._host_lengths = [0] * B
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    @property
+    def host_lengths(self) -> tuple[int, ...]:
+        return tuple(self._host_lengths)
+
+    @property
+    def seq_len(self) -> int:
+        """The longest sequence in the cache (all sequences advance together in labkit's API)."""
+        return max(self._host_lengths)
+
+    def check_room(self, batch_size: int, num_tokens: int) -> None:
+        """Raise before anything is written if ``num_tokens`` more would not fit."""
+        if batch_size != self.batch_size:
+            raise ValueError(
+                f"input batch {batch_size} does not match the cache's batch {self.batch_size}; "
+                "make a cache with model.new_cache(batch_size=...)"
+            )
+        if self.seq_len + num_tokens > self.max_len:
+            raise CacheFullError(
+                f"cache is full: it holds {self.seq_len} of max_len={self.max_len} tokens and "
+                f"{num_tokens} more were asked for; make a larger cache with "
+                "model.new_cache(batch_size, max_len=...) or call cache.reset()"
+            )
+
+    def advance(self, num_tokens: int) -> None:
+        """Record that every sequence grew by ``num_tokens`` (in place: graph-safe)."""
+        self.lengths.add_(num_tokens)
+        self._host_lengths = [n + num_tokens for n in self._host_lengths]
+
+    def reset(self) -> None:
+        """Empty the cache for a new batch of prompts, reusing every buffer."""
+        for buf in self.buffers():
+            buf.zero_()
+        self._host_lengths = [0] * self.batch_size
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [
+            *self.keys.values(),
+            *self.values.values(),
+            *self.conv_states.values(),
+            *self.recurrent_states.values(),
+            self.lengths,
+        ]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def __repr__(self) -> str:
+        return (
+            f"HybridCache(batch={self.batch_size}, max_len={self.max_len}, lengths={self.host_lengths}, "
+            f"attention={len(self.keys)}, conv={len(self.conv_states) - len(self.recurrent_states)}, "
+            f"gdn={len(self.recurrent_states)}, {self.nbytes() / 2**20:.1f} MiB)"
+        )

@@ -1,0 +1,267 @@
+"""Hugging Face checkpoints (config.json + safetensors) to labkit models and back.
+
+labkit stores together the weights that one decode step reads together (see ``labkit.model``),
+so each labkit parameter is made from one or more transformers tensors. The table below is the
+whole correspondence; loading joins, saving splits, and both check every name and shape, so a
+missing, unexpected or mis-shaped tensor stops the load with an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .config import ModelConfig, to_hf
+from .model import HybridLM, empty_model
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Source:
+    """How one labkit parameter is made from transformers tensors (and split back into them)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    join: Callable[[list[Tensor]], Tensor]
+    split: Callable[[Tensor], list[Tensor]]
+
+
+def _rows(names: list[str], shapes: list[tuple[int, ...]]) -> Source:
+    """Tensors stacked along dim 0 (projections whose outputs labkit computes in one product)."""
+    sizes = [s[0] for s in shapes]
+    return Source(tuple(names), tuple(shapes), lambda ts: torch.cat(ts, 0), lambda t: list(t.split(sizes, 0)))
+
+
+def _same(name: str, shape: tuple[int, ...]) -> Source:
+    return Source((name,), (shape,), lambda ts: ts[0], lambda t: [t])
+
+
+def _depthwise(name: str, channels: int, taps: int) -> Source:
+    """nn.Conv1d's [C, 1, K] weight as labkit's [C, K]."""
+    return Source((name,), ((channels, 1, taps),), lambda ts: ts[0][:, 0], lambda t: [t[:, None]])
+
+
+def _qwen_q_and_gate(name: str, heads: int, head_dim: int, hidden: int) -> Source:
+    """Qwen3.5's q_proj interleaves, per head, head_dim query rows then head_dim gate rows.
+
+    labkit keeps the queries of all heads first, then all gates: [q | gate] halves.
+    """
+
+    def join(ts: list[Tensor]) -> Tensor:
+        w = ts[0].view(heads, 2, head_dim, hidden)
+        return torch.cat((w[:, 0].reshape(-1, hidden), w[:, 1].reshape(-1, hidden)), 0)
+
+    def split(t: Tensor) -> list[Tensor]:
+        q, gate = t.view(2, heads, head_dim, hidden).unbind(0)
+        return [torch.stack((q, gate), 1).reshape(2 * heads * head_dim, hidden)]
+
+    return Source((name,), ((2 * heads * head_dim, hidden),), join, split)
+
+
+def _qwen_attention(p: str, cfg: ModelConfig) -> dict[str, Source]:
+    """wqkv = [q | k | v | gate] built from q_proj (q and gate interleaved), k_proj, v_proj."""
+    H, nh, hd = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    qg = _qwen_q_and_gate(f"{p}.self_attn.q_proj.weight", nh, hd, H)
+    kv_shape = (cfg.kv_size, H)
+
+    def join(ts: list[Tensor]) -> Tensor:
+        q, gate = qg.join([ts[0]]).split(cfg.q_size, 0)
+        return torch.cat((q, ts[1], ts[2], gate), 0)
+
+    def split(t: Tensor) -> list[Tensor]:
+        q, k, v, gate = t.split([cfg.q_size, cfg.kv_size, cfg.kv_size, cfg.q_size], 0)
+        return [qg.split(torch.cat((q, gate), 0))[0], k, v]
+
+    names = (qg.names[0], f"{p}.self_attn.k_proj.weight", f"{p}.self_attn.v_proj.weight")
+    return {"mixer.wqkv": Source(names, (qg.shapes[0], kv_shape, kv_shape), join, split)}
+
+
+def parameter_sources(cfg: ModelConfig, prefix: str = "model.") -> dict[str, Source]:
+    """labkit parameter name -> where it comes from in a transformers checkpoint."""
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    out: dict[str, Source] = {"embed.weight": _same(f"{prefix}embed_tokens.weight", (cfg.vocab_size, H))}
+    lfm2 = cfg.family == "lfm2"
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"{prefix}layers.{i}"
+        layer: dict[str, Source] = {}
+        if lfm2:
+            layer["mixer_norm.weight"] = _same(f"{p}.operator_norm.weight", (H,))
+            layer["mlp_norm.weight"] = _same(f"{p}.ffn_norm.weight", (H,))
+            layer["mlp.gate_up"] = _rows([f"{p}.feed_forward.w1.weight", f"{p}.feed_forward.w3.weight"], [(I, H)] * 2)
+            layer["mlp.down"] = _same(f"{p}.feed_forward.w2.weight", (H, I))
+        else:
+            layer["mixer_norm.weight"] = _same(f"{p}.input_layernorm.weight", (H,))
+            layer["mlp_norm.weight"] = _same(f"{p}.post_attention_layernorm.weight", (H,))
+            layer["mlp.gate_up"] = _rows([f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], [(I, H)] * 2)
+            layer["mlp.down"] = _same(f"{p}.mlp.down_proj.weight", (H, I))
+        if kind == "attention":
+            hd = cfg.head_dim
+            if lfm2:
+                a = f"{p}.self_attn"
+                qkv = [f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight"]
+                layer["mixer.wqkv"] = _rows(qkv, [(cfg.q_size, H), (cfg.kv_size, H), (cfg.kv_size, H)])
+                layer["mixer.wo"] = _same(f"{a}.out_proj.weight", (H, cfg.q_size))
+                layer["mixer.q_norm.weight"] = _same(f"{a}.q_layernorm.weight", (hd,))
+                layer["mixer.k_norm.weight"] = _same(f"{a}.k_layernorm.weight", (hd,))
+            else:
+                a = f"{p}.self_attn"
+                layer.update(_qwen_attention(p, cfg))
+                layer["mixer.wo"] = _same(f"{a}.o_proj.weight", (H, cfg.q_size))
+                layer["mixer.q_norm.weight"] = _same(f"{a}.q_norm.weight", (hd,))
+                layer["mixer.k_norm.weight"] = _same(f"{a}.k_norm.weight", (hd,))
+        elif kind == "conv":
+            c = f"{p}.conv"
+            layer["mixer.in_proj"] = _same(f"{c}.in_proj.weight", (3 * H, H))
+            layer["mixer.conv_weight"] = _depthwise(f"{c}.conv.weight", H, cfg.conv_kernel)
+            layer["mixer.out_proj"] = _same(f"{c}.out_proj.weight", (H, H))
+        elif kind == "gdn":
+            g, nv = f"{p}.linear_attn", cfg.gdn_num_v_heads
+            layer["mixer.in_proj"] = _rows(
+                [f"{g}.in_proj_qkv.weight", f"{g}.in_proj_z.weight", f"{g}.in_proj_b.weight", f"{g}.in_proj_a.weight"],
+                [(cfg.gdn_conv_dim, H), (cfg.gdn_value_dim, H), (nv, H), (nv, H)],
+            )
+            layer["mixer.conv_weight"] = _depthwise(f"{g}.conv1d.weight", cfg.gdn_conv_dim, cfg.gdn_conv_kernel)
+            layer["mixer.A_log"] = _same(f"{g}.A_log", (nv,))
+            layer["mixer.dt_bias"] = _same(f"{g}.dt_bias", (nv,))
+            layer["mixer.norm_weight"] = _same(f"{g}.norm.weight", (cfg.gdn_v_head_dim,))
+            layer["mixer.out_proj"] = _same(f"{g}.out_proj.weight", (H, cfg.gdn_value_dim))
+        out.update({f"layers.{i}.{k}": v for k, v in layer.items()})
+    out["final_norm.weight"] = _same(f"{prefix}{'embedding_norm' if lfm2 else 'norm'}.weight", (H,))
+    if not cfg.tie_embeddings:
+        out["lm_head"] = _same("lm_head.weight", (cfg.vocab_size, H))
+    return out
+
+
+# Tensors of released checkpoints that are not part of the text decoder labkit runs.
+_NOT_TEXT_DECODER = ("model.visual.", "mtp.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not describe the model its config.json promises."""
+
+
+def _tensor_index(path: Path) -> dict[str, Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no .safetensors files in {path}")
+    from safetensors import safe_open
+
+    found: dict[str, Path] = {}
+    for f in files:
+        with safe_open(f, framework="pt") as sf:
+            for name in sf.keys():
+                found[name] = f
+    return found
+
+
+def _resolve(path: str | Path) -> Path:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise CheckpointError(f"{p} is a file; labkit.load wants the checkpoint directory")
+    if "/" in str(path) and not str(path).startswith((".", "/", "~")):
+        try:  # a hub repo id, when the user has network and huggingface_hub
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            snapshot_download = None
+        if snapshot_download is not None:
+            return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+    raise CheckpointError(f"no checkpoint directory at {p}")
+
+
+def load(
+    path: str | Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"
+) -> HybridLM:
+    """Load a transformers checkpoint directory (config.json + safetensors) of LFM2 or Qwen3.5."""
+    from safetensors import safe_open
+
+    root = _resolve(path)
+    config_path = root / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"{root} has no config.json")
+    cfg = ModelConfig.from_json(config_path)
+    cfg = cfg.replace(name=cfg.name if cfg.name not in ("lfm2", "qwen3.5") else root.name)
+    index = _tensor_index(root)
+    prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in index) else "model."
+    sources = parameter_sources(cfg, prefix)
+
+    wanted = {n for s in sources.values() for n in s.names}
+    missing = sorted(wanted - index.keys())
+    extra = sorted(n for n in index.keys() - wanted if not n.startswith(_NOT_TEXT_DECODER))
+    tied_head = cfg.tie_embeddings and "lm_head.weight" in extra
+    if tied_head:
+        extra.remove("lm_head.weight")
+    if missing or extra:
+        raise CheckpointError(
+            f"checkpoint {root} does not match its config ({cfg.family}, {cfg.num_layers} layers): "
+            + (f"missing tensors {_few(missing)}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unexpected tensors {_few(extra)}" if extra else "")
+        )
+
+    handles: dict[Path, object] = {}
+
+    def read(name: str) -> Tensor:
+        f = index[name]
+        if f not in handles:
+            handles[f] = safe_open(f, framework="pt")
+        return handles[f].get_tensor(name)  # type: ignore[attr-defined]
+
+    model = empty_model(cfg, dtype, device)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for pname, src in sources.items():
+            parts = []
+            for name, shape in zip(src.names, src.shapes):
+                t = read(name)
+                if tuple(t.shape) != shape:
+                    raise CheckpointError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
+                if not t.is_floating_point():
+                    raise CheckpointError(f"tensor {name} has dtype {t.dtype}, expected a floating dtype")
+                parts.append(t)
+            params[pname].copy_(src.join(parts).to(dtype))
+        if tied_head and not torch.equal(read("lm_head.weight").to(dtype), params["embed.weight"].cpu()):
+            raise CheckpointError("config ties lm_head to the embedding, but lm_head.weight differs from it")
+    return model
+
+
+def _few(names: list[str], n: int = 8) -> str:
+    shown = ", ".join(names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def hf_state_dict(model: HybridLM) -> dict[str, Tensor]:
+    """The model's weights under transformers' names and layouts (for ``save``)."""
+    params = dict(model.named_parameters())
+    out: dict[str, Tensor] = {}
+    for pname, src in parameter_sources(model.cfg).items():
+        for name, t in zip(src.names, src.split(params[pname].detach())):
+            out[name] = t.contiguous().cpu()
+    return out
+
+
+def save(model: HybridLM, path: str | Path, dtype: torch.dtype | None = None, extra_config: dict | None = None) -> Path:
+    """Write a transformers-format checkpoint that ``load`` and transformers both read."""
+    from safetensors.torch import save_file
+
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors = hf_state_dict(model)
+    if dtype is not None:
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    hf = to_hf(model.cfg)
+    hf["dtype"] = str(dtype or model.dtype).removeprefix("torch.")
+    hf.update(extra_config or {})
+    (root / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    return root

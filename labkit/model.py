@@ -1,0 +1,340 @@
+"""The reference hybrid decoder, in plain PyTorch.
+
+One module tree serves both families. A block is
+
+    h = h + mixer(norm(h))        mixer: Attention | ShortConv | GatedDeltaNet
+    h = h + mlp(norm(h))          mlp:   SwiGLU
+
+and the model is embed -> blocks -> final norm -> lm_head (tied to the embedding when the
+config says so). Weights that one decode step reads together are stored together, so that a
+fused kernel later streams one matrix per step: q|k|v(|gate) for attention, B|C|x for the short
+conv, q|k|v|z|b|a for Gated DeltaNet, gate|up for the MLP. The reference forward still computes
+every piece in plain torch; it is the function every faster backend must reproduce.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import HybridCache
+from .config import ModelConfig
+from .ops.causal_conv import causal_conv_ref
+from .ops.delta_rule import delta_rule_chunked_ref, delta_rule_recurrent_ref
+from .ops.norm import gated_rms_norm_ref, l2_norm_ref, rms_norm_ref
+from .ops.rope import rope_inv_freq, rope_ref
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, unit_offset: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_ref(x, self.weight, self.eps, self.unit_offset)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, eps={self.eps}, unit_offset={self.unit_offset}"
+
+
+class SwiGLU(nn.Module):
+    """down(silu(x W_gate^T) * (x W_up^T)); ``gate_up`` stacks W_gate over W_up."""
+
+    def __init__(self, hidden: int, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.gate_up = nn.Parameter(torch.empty(2 * width, hidden))
+        self.down = nn.Parameter(torch.empty(hidden, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up).split(self.width, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over the static KV cache.
+
+    q, k get a per-head RMSNorm, then RoPE on their first ``rotary_dim`` channels. With
+    ``attn_output_gate`` (Qwen3.5) the output of each head is multiplied by sigmoid(gate), a
+    second projection of the input, before ``wo``.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer = layer
+        self.sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size] + ([cfg.q_size] if cfg.attn_output_gate else [])
+        self.wqkv = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
+        self.wo = nn.Parameter(torch.empty(cfg.hidden_size, cfg.q_size))
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        parts = F.linear(x, self.wqkv).split(self.sizes, dim=-1)
+        q = parts[0].view(B, T, cfg.num_heads, cfg.head_dim)
+        k = parts[1].view(B, T, cfg.num_kv_heads, cfg.head_dim)
+        v = parts[2].view(B, T, cfg.num_kv_heads, cfg.head_dim)
+        q = rope_ref(self.q_norm(q), positions, self.inv_freq)
+        k = rope_ref(self.k_norm(k), positions, self.inv_freq)
+
+        if cache is None:
+            keys, values, key_pos = k, v, positions
+        else:
+            rows = torch.arange(B, device=x.device)[:, None]
+            cache.keys[self.layer][rows, :, positions] = k
+            cache.values[self.layer][rows, :, positions] = v
+            length = cache.seq_len + T
+            keys = cache.keys[self.layer][:, :, :length].transpose(1, 2)
+            values = cache.values[self.layer][:, :, :length].transpose(1, 2)
+            key_pos = torch.arange(length, device=x.device).expand(B, length)
+        visible = key_pos[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, L]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=visible,
+            scale=cfg.head_dim**-0.5,
+            enable_gqa=True,
+        )
+        out = out.transpose(1, 2).reshape(B, T, cfg.q_size)
+        if cfg.attn_output_gate:
+            out = out * torch.sigmoid(parts[3])
+        return F.linear(out, self.wo)
+
+
+class ShortConv(nn.Module):
+    """LFM2's gated short convolution: out(C * conv(B * x)), with B, C, x = in_proj(input)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.hidden = cfg.hidden_size
+        self.in_proj = nn.Parameter(torch.empty(3 * cfg.hidden_size, cfg.hidden_size))
+        self.conv_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.conv_kernel))
+        self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.hidden_size))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+        b, c, xx = F.linear(x, self.in_proj).split(self.hidden, dim=-1)
+        state = None if cache is None else cache.conv_states[self.layer]
+        y, new_state = causal_conv_ref(b * xx, self.conv_weight, state)
+        if cache is not None:
+            state.copy_(new_state)
+        return F.linear((c.float() * y).to(x.dtype), self.out_proj)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention mixer.
+
+    q|k|v go through a depthwise causal conv and SiLU; q, k are L2-normalised per head; the
+    per-head gates are g = -exp(A_log) * softplus(a + dt_bias) (a log-decay, <= 0) and
+    beta = sigmoid(b); the gated delta rule (see ``ops.delta_rule``) mixes the sequence; the
+    output is RMS-normed per head, multiplied by silu(z), and projected back.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer = layer
+        nv = cfg.gdn_num_v_heads
+        self.sizes = [cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv]  # qkv, z, b, a
+        self.in_proj = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
+        self.conv_weight = nn.Parameter(torch.empty(cfg.gdn_conv_dim, cfg.gdn_conv_kernel))
+        self.A_log = nn.Parameter(torch.empty(nv))
+        self.dt_bias = nn.Parameter(torch.empty(nv))
+        self.norm_weight = nn.Parameter(torch.empty(cfg.gdn_v_head_dim))
+        self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.gdn_value_dim))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        qkv, z, b, a = F.linear(x, self.in_proj).split(self.sizes, dim=-1)
+        conv_state = None if cache is None else cache.conv_states[self.layer]
+        qkv, new_conv_state = causal_conv_ref(qkv, self.conv_weight, conv_state)
+        qkv = F.silu(qkv)
+        q, k, v = qkv.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
+        q = l2_norm_ref(q.reshape(B, T, cfg.gdn_num_k_heads, cfg.gdn_k_head_dim))
+        k = l2_norm_ref(k.reshape(B, T, cfg.gdn_num_k_heads, cfg.gdn_k_head_dim))
+        v = v.reshape(B, T, cfg.gdn_num_v_heads, cfg.gdn_v_head_dim)
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+
+        state = None if cache is None else cache.recurrent_states[self.layer]
+        rule = delta_rule_recurrent_ref if T == 1 else delta_rule_chunked_ref
+        o, new_state = rule(q, k, v, g, beta, state)
+        if cache is not None:
+            conv_state.copy_(new_conv_state)
+            state.copy_(new_state)
+        o = gated_rms_norm_ref(o, z.reshape(B, T, cfg.gdn_num_v_heads, cfg.gdn_v_head_dim), self.norm_weight, cfg.norm_eps)
+        return F.linear(o.reshape(B, T, cfg.gdn_value_dim).to(x.dtype), self.out_proj)
+
+
+MIXERS = {"attention": Attention, "conv": ShortConv, "gdn": GatedDeltaNet}
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.kind = cfg.layer_types[layer]
+        self.mixer_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_unit_offset)
+        self.mixer = MIXERS[self.kind](cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_unit_offset)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+        h = h + self.mixer(self.mixer_norm(h), positions, cache)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class HybridLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_unit_offset)
+        if cfg.tie_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied lm_head counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch_size: int = 1, max_len: int = 4096) -> HybridCache:
+        return HybridCache(self.cfg, batch_size, max_len, dtype=self.dtype, device=self.device)
+
+    def forward(
+        self, input_ids: torch.Tensor, cache: HybridCache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits ``[B, T, vocab]`` (``[B, 1, vocab]`` with ``last_only``) for ``input_ids [B, T]``.
+
+        With a cache, the tokens continue the cached sequences and the cache advances by T; the
+        cache is checked for room before anything is written. Token ids are range-checked when
+        T > 1 (a prompt); single decode tokens are not, since the check would sync the device.
+        """
+        self._check_input(input_ids, cache)
+        B, T = input_ids.shape
+        if cache is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            positions = cache.lengths[:, None].long() + torch.arange(T, device=input_ids.device)
+        h = self.embed(input_ids)
+        for block in self.layers:
+            h = block(h, positions, cache)
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            h = h[:, -1:]
+        return F.linear(self.final_norm(h), self.lm_head_weight)
+
+    def _check_input(self, input_ids: torch.Tensor, cache: HybridCache | None) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids must be int64 or int32, got {input_ids.dtype}")
+        if input_ids.device != self.device:
+            raise ValueError(f"input_ids are on {input_ids.device} but the model is on {self.device}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids has no tokens")
+        if input_ids.shape[1] > 1:
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")
+        if cache is not None:
+            if cache.cfg != self.cfg:
+                raise ValueError("the cache was made for another model configuration")
+            if cache.device != self.device or cache.dtype != self.dtype:
+                raise ValueError(
+                    f"cache is {cache.dtype} on {cache.device}; the model is {self.dtype} on {self.device}"
+                )
+            cache.check_room(input_ids.shape[0], input_ids.shape[1])
+
+
+# -- construction -----------------------------------------------------------------------------------
+def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> HybridLM:
+    """A model whose parameters are allocated on ``device`` but not initialised."""
+    with torch.device("meta"):
+        model = HybridLM(cfg).to(dtype)  # meta tensors change dtype without allocating
+    model = model.to_empty(device=device)
+    for layer in model.layers:  # rotary frequencies stay float32 whatever the weight dtype
+        if isinstance(layer.mixer, Attention):
+            layer.mixer.inv_freq = rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, device=device)
+    return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def init_random(model: HybridLM, seed: int = 0) -> HybridLM:
+    """Fill every parameter with seeded random values of a realistic scale.
+
+    Norm weights are drawn around their neutral value rather than set to it, so that a kernel
+    that forgets a norm weight (or the Qwen3.5 ``1 + w`` offset) fails its tests.
+    """
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+
+    def fill(p: torch.Tensor, kind: str, fan_in: int = 1) -> None:
+        r = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+        if kind == "normal":
+            r.normal_(0.0, 0.02, generator=gen)
+        elif kind == "uniform":
+            bound = 1.0 / math.sqrt(fan_in)
+            r.uniform_(-bound, bound, generator=gen)
+        elif kind == "norm":
+            r.normal_(0.0 if model.cfg.norm_unit_offset else 1.0, 0.1, generator=gen)
+        elif kind == "A_log":
+            r.uniform_(1.0, 16.0, generator=gen).log_()
+        elif kind == "dt_bias":
+            r.uniform_(-1.0, 1.0, generator=gen)
+        elif kind == "gated_norm":
+            r.normal_(1.0, 0.1, generator=gen)
+        p.copy_(r)
+
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "weight" and ("norm" in name):
+            fill(p, "norm")
+        elif leaf == "conv_weight":
+            fill(p, "uniform", fan_in=p.shape[1])
+        elif leaf in ("A_log", "dt_bias"):
+            fill(p, leaf)
+        elif leaf == "norm_weight":
+            fill(p, "gated_norm")
+        else:
+            fill(p, "normal")
+    return model
+
+
+def build(
+    cfg: ModelConfig | str,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> HybridLM:
+    """A model of ``cfg`` (a ModelConfig or a preset name) with seeded random weights."""
+    if isinstance(cfg, str):
+        from .config import PRESETS
+
+        if cfg not in PRESETS:
+            raise KeyError(f"unknown preset {cfg!r}; presets: {sorted(PRESETS)}")
+        cfg = PRESETS[cfg]
+    return init_random(empty_model(cfg, dtype, device), seed)

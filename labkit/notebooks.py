@@ -1,0 +1,75 @@
+"""Run the workbook's notebooks in batch with papermill (``make run``, ``python -m labkit notebooks``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def notebook_paths(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+
+
+def run_notebooks(
+    out_dir: str | Path = "build",
+    parameters: dict[str, Any] | None = None,
+    only: list[str] | None = None,
+    directory: Path = NOTEBOOK_DIR,
+    kernel_name: str = "python3",
+) -> list[dict[str, Any]]:
+    """Execute each notebook into ``out_dir``; returns one summary row per notebook.
+
+    A notebook that fails (its asserts included) is reported, and the rest still run; the caller
+    decides the exit status from the rows.
+    """
+    import papermill as pm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for nb in notebook_paths(directory):
+        if only and not any(key in nb.name for key in only):
+            continue
+        t0 = time.perf_counter()
+        error = None
+        try:
+            pm.execute_notebook(
+                str(nb),
+                str(out / nb.name),
+                parameters=parameters or {},
+                kernel_name=kernel_name,
+                cwd=str(nb.parent),
+                progress_bar=False,
+            )
+        except Exception as exc:  # papermill wraps the cell's exception; keep its first line
+            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        rows.append({"notebook": nb.name, "seconds": time.perf_counter() - t0, "error": error})
+    return rows
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no notebooks to run")
+        return
+    width = max(len(r["notebook"]) for r in rows)
+    for r in rows:
+        status = "ok" if r["error"] is None else f"FAILED: {r['error']}"
+        print(f"{r['notebook']:<{width}}  {r['seconds']:7.1f} s  {status}")
+    failed = sum(r["error"] is not None for r in rows)
+    print(f"{len(rows) - failed} passed, {failed} failed")
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cpu_environment() -> None:
+    """Kernels need Triton's interpreter where there is no GPU; set it before triton is imported."""
+    if default_device() == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,62 @@
+import pytest
+import torch
+
+import labkit
+from labkit.sampling import SamplingParams, sample
+
+
+@pytest.fixture(scope="module")
+def model():
+    return labkit.build("tiny-lfm2", dtype=torch.float32, seed=4)
+
+
+def test_greedy_equals_argmax_of_the_full_forward(model):
+    prompt = torch.randint(0, model.cfg.vocab_size, (3, 7), generator=torch.Generator().manual_seed(0))
+    out = labkit.generate(model, prompt, max_new_tokens=12)
+    assert out.tokens.shape == (3, 12) and out.steps == 11 and out.prompt_len == 7
+    # Re-run the whole sequence without a cache: each generated token must be its argmax.
+    full = torch.cat([prompt, out.tokens], 1)
+    logits = model(full)
+    assert torch.equal(logits[:, 6:-1].argmax(-1), out.tokens)
+    assert out.prefill_s > 0 and out.decode_tokens_per_s > 0
+
+
+def test_sampling_is_reproducible_and_seed_dependent(model):
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 5))
+    kw = dict(max_new_tokens=20, temperature=1.0, top_k=50, top_p=0.9)
+    a = labkit.generate(model, prompt, seed=1, **kw).tokens
+    b = labkit.generate(model, prompt, seed=1, **kw).tokens
+    c = labkit.generate(model, prompt, seed=2, **kw).tokens
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_stop_tokens_end_each_sequence(model):
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 4), generator=torch.Generator().manual_seed(3))
+    free = labkit.generate(model, prompt, max_new_tokens=10).tokens
+    stop = int(free[0, 2])
+    out = labkit.generate(model, prompt, max_new_tokens=10, stop_tokens=[stop], pad_token_id=0)
+    row = out.tokens[0].tolist()
+    assert row[: row.index(stop) + 1] == free[0, : row.index(stop) + 1].tolist()
+    assert all(t == 0 for t in row[row.index(stop) + 1 :])
+    assert bool(out.finished[0])
+
+
+def test_generate_reuses_a_given_cache_and_checks_its_size(model):
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, 6))
+    cache = model.new_cache(1, max_len=10)
+    a = labkit.generate(model, prompt, 5, cache=cache).tokens
+    b = labkit.generate(model, prompt, 5, cache=cache).tokens
+    assert torch.equal(a, b)
+    with pytest.raises(labkit.CacheFullError):
+        labkit.generate(model, prompt, 6, cache=cache)
+    with pytest.raises(ValueError, match="unknown backend"):
+        labkit.generate(model, prompt, 2, backend="warp-drive")
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    logits = torch.randn(4, 100)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(sample(logits, SamplingParams(1.0, top_k=1), gen), logits.argmax(-1))
+    assert torch.equal(sample(logits, SamplingParams(1.0, top_p=1e-6), gen), logits.argmax(-1))
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
