@@ -17,6 +17,11 @@ def _notebooks(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":  # its own parser: python -m labkit bench {decode,prefill,hw,table}
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -26,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     nb.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                     help="a papermill parameter (string value), repeatable")
     nb.set_defaults(func=_notebooks)
+    sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,hw,table} --help")
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -240,13 +240,13 @@ def _few(names: list[str], n: int = 8) -> str:
     return shown + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def hf_state_dict(model: HybridLM) -> dict[str, Tensor]:
-    """The model's weights under transformers' names and layouts (for ``save``)."""
+def hf_state_dict(model: HybridLM, device: torch.device | str | None = "cpu") -> dict[str, Tensor]:
+    """The model's weights under transformers' names and layouts (on ``device``; None: where they are)."""
     params = dict(model.named_parameters())
     out: dict[str, Tensor] = {}
     for pname, src in parameter_sources(model.cfg).items():
         for name, t in zip(src.names, src.split(params[pname].detach())):
-            out[name] = t.contiguous().cpu()
+            out[name] = t.contiguous() if device is None else t.contiguous().to(device)
     return out
 
 

@@ -63,6 +63,27 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     print(f"{len(rows) - failed} passed, {failed} failed")
 
 
+def setup(device: str = "auto", seed: int = 0) -> str:
+    """The first call of every notebook: resolve ``device`` ("auto": the GPU if there is one), make
+    Triton use its interpreter on a CPU, seed torch, and set figure defaults."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    device = default_device() if device == "auto" else device
+    if device == "cpu":
+        cpu_environment()
+    elif not torch.cuda.is_available():
+        raise RuntimeError(f"DEVICE={device!r} was asked for, but torch sees no CUDA GPU here")
+    torch.manual_seed(seed)
+    plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "axes.axisbelow": True})
+    return device
+
+
+def auto(value, on_gpu: bool, gpu, cpu):
+    """Resolve a notebook parameter left at "auto": the real size on a GPU, a CPU-sized one otherwise."""
+    return (gpu if on_gpu else cpu) if value == "auto" else value
+
+
 def default_device() -> str:
     import torch
 

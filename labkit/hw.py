@@ -1,0 +1,171 @@
+"""Facts about the GPU at hand, measured where it matters, and a few datasheet figures for contrast.
+
+The roofline of a decode step is set by memory bandwidth, and the bandwidth a program can reach is
+not the datasheet's: an H200 is sold at 4.8 TB/s and copies at about 4.3. So labkit measures it
+(a large device-to-device copy, bytes read plus bytes written, median of repeats) and uses the
+measured figure everywhere a roofline is drawn.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+
+import torch
+
+# Vendor datasheet values (SXM parts, dense bf16 without sparsity). Leads, not measurements.
+DATASHEET = {
+    "H100 SXM": {"memory_gb": 80, "hbm_tb_s": 3.35, "bf16_tflops": 989, "sms": 132, "source": "datasheet"},
+    "H200 SXM": {"memory_gb": 141, "hbm_tb_s": 4.8, "bf16_tflops": 989, "sms": 132, "source": "datasheet"},
+    "B200": {"memory_gb": 180, "hbm_tb_s": 8.0, "bf16_tflops": 2250, "sms": 148, "source": "datasheet"},
+}
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    name: str
+    kind: str  # "cuda" or "cpu"
+    sms: int | None
+    memory_bytes: int | None
+    compute_capability: tuple[int, int] | None
+    l2_bytes: int | None
+    copy_bytes_per_s: float | None  # measured: bytes read + written per second by a large copy
+    bf16_flops: float | None  # measured: a large bf16 matmul
+
+    @property
+    def slug(self) -> str:
+        """A directory name for results: 'nvidia-h200', 'cpu'."""
+        return "-".join(self.name.lower().replace("_", " ").split()) if self.kind == "cuda" else "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn()``; CUDA events on a GPU, a host clock on the CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if torch.cuda.is_available():
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        import time
+
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20, device: str = "cuda") -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read and bytes written.
+
+    The buffer should be many times the L2 (H200: 60 MB) so the copy streams from HBM.
+    """
+    n = nbytes // 2
+    src = torch.randn(n // 2, device=device, dtype=torch.float32).view(torch.bfloat16)  # real data, not zeros
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src), repeats)
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def measure_bf16_matmul(n: int = 8192, repeats: int = 10, device: str = "cuda") -> float:
+    """FLOP/s of an n x n x n bf16 matmul on random data."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = _median_ms(lambda: a @ b, repeats)
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def measure_launch_overhead(launches: int = 2000, device: str = "cuda") -> dict[str, float]:
+    """Microseconds per tiny kernel, launched eagerly and replayed inside a CUDA graph.
+
+    The kernel (an in-place add on one element) does no work, so its time per launch is the cost
+    of launching: the floor under any decode step made of many small kernels.
+    """
+    x = torch.zeros(1, device=device)
+
+    def eager() -> None:
+        for _ in range(launches):
+            x.add_(1.0)
+
+    out = {"eager_us": _median_ms(eager, repeats=5) * 1e3 / launches}
+    if device.startswith("cuda"):
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            eager()  # warm up on the side stream before capture
+            with torch.cuda.graph(graph, stream=stream):
+                eager()
+        torch.cuda.current_stream().wait_stream(stream)
+        out["graph_us"] = _median_ms(graph.replay, repeats=5) * 1e3 / launches
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def device_facts(device: str = "auto", measure: bool = True) -> DeviceFacts:
+    """What this machine's accelerator is, with measured copy bandwidth and matmul rate.
+
+    ``device="auto"`` means the GPU if there is one. On a CPU the measurements are small (a 64 MB
+    copy, a 512 matmul) and serve only to keep the notebooks' arithmetic runnable there.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        p = torch.cuda.get_device_properties(device)
+        return DeviceFacts(
+            name=p.name,
+            kind="cuda",
+            sms=p.multi_processor_count,
+            memory_bytes=p.total_memory,
+            compute_capability=(p.major, p.minor),
+            l2_bytes=getattr(p, "L2_cache_size", None),
+            copy_bytes_per_s=measure_copy_bandwidth(device=device) if measure else None,
+            bf16_flops=measure_bf16_matmul(device=device) if measure else None,
+        )
+    return DeviceFacts(
+        name=platform.processor() or platform.machine() or "cpu",
+        kind="cpu",
+        sms=None,
+        memory_bytes=None,
+        compute_capability=None,
+        l2_bytes=None,
+        copy_bytes_per_s=measure_copy_bandwidth(64 << 20, repeats=5, device="cpu") if measure else None,
+        bf16_flops=measure_bf16_matmul(512, repeats=3, device="cpu") if measure else None,
+    )
+
+
+def versions() -> dict[str, str | None]:
+    """Software versions worth recording next to any measured figure."""
+    out: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
+    out["cuda"] = torch.version.cuda
+    for mod in ("triton", "transformers", "fla"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # not installed (or broken): recorded as absent
+            out[mod] = None
+    if torch.cuda.is_available():
+        out["driver"] = _driver_version()
+    return out
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip().splitlines()[0]
+    except Exception:
+        return None

@@ -1,0 +1,228 @@
+"""Where the time of one decode step goes, measured with torch.profiler.
+
+``profile_decode`` runs a few decode steps under the profiler and reports what the diagnosis
+needs: how many kernels a token launches, how long the GPU is busy versus waiting for the next
+launch, which op families (norms, projections, the token mixers, MLPs, lm_head, sampling) take
+the device time, the achieved bandwidth against the measured peak, and the share of device time
+spent in tensor-core kernels. On a CPU there are no kernels; the report then covers the op
+families by CPU time, which is still enough to run the notebooks end to end.
+
+How kernels are attributed: while profiling, every norm, mixer and MLP module is wrapped in a
+``record_function`` scope; each GPU kernel is linked (by its correlation id) to the aten op that
+launched it, and that op's chain of parents names the scope. Inside a mixer, kernels under an
+``aten::linear`` are counted as projections, the rest as the mixer itself. Kernels launched by
+code that is not a module (fused Triton backends) are attributed by their names.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+
+from .backends import make_decoder
+from .bench import Stopwatch
+from .model import Block, HybridLM, RMSNorm, SwiGLU
+from .roofline import step_cost
+
+FAMILIES = ("norm", "projections", "attention", "conv", "gdn", "mlp", "lm_head", "embedding", "sampling", "other")
+_MATMUL_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm")
+# cuBLAS/CUTLASS matrix kernels (tensor cores) by name; "gemv" kernels run on the CUDA cores.
+_TENSOR_CORE = re.compile(r"gemm|xmma|hmma|wgmma|gmma|cutlass|sm90_|sm80_|mma_", re.I)
+_NAME_RULES = [
+    (re.compile(r"argmax|sample|topk|multinomial", re.I), "sampling"),
+    (re.compile(r"norm", re.I), "norm"),
+    (re.compile(r"conv", re.I), "conv"),
+    (re.compile(r"delta|gdn", re.I), "gdn"),
+    (re.compile(r"attn|attention|flash|fmha", re.I), "attention"),
+    (re.compile(r"lm_head|logits", re.I), "lm_head"),
+    (re.compile(r"swiglu|mlp", re.I), "mlp"),
+    (re.compile(r"gemv|gemm|linear|matmul", re.I), "projections"),
+]
+
+
+@dataclass
+class KernelSpan:
+    name: str
+    family: str
+    start_us: float
+    dur_us: float
+
+
+@dataclass
+class StepProfile:
+    model: str
+    backend: str
+    batch: int
+    context: int
+    device: str
+    step_ms: float  # measured outside the profiler, median over steps
+    kernels_per_step: float | None
+    busy_ms: float | None  # device busy (union of kernel intervals) per step
+    family_ms: dict[str, float] = field(default_factory=dict)  # per step: device time (GPU) or CPU self time
+    tensor_core_share: float | None = None
+    bytes_per_step: int = 0
+    timeline: list[KernelSpan] = field(default_factory=list)  # one step
+
+    @property
+    def idle_ms(self) -> float | None:
+        return None if self.busy_ms is None else max(self.step_ms - self.busy_ms, 0.0)
+
+    @property
+    def achieved_bytes_per_s(self) -> float:
+        return self.bytes_per_step / (self.step_ms * 1e-3)
+
+    def table(self) -> list[tuple[str, float, float]]:
+        """(family, ms per step, share of the total) sorted by time."""
+        total = sum(self.family_ms.values()) or 1.0
+        rows = [(f, ms, ms / total) for f, ms in self.family_ms.items() if ms > 0]
+        return sorted(rows, key=lambda r: -r[1])
+
+
+@contextmanager
+def _module_scopes(model: HybridLM):
+    """Wrap norms, mixers and MLPs in record_function scopes for the duration of the block."""
+    handles, stack = [], []
+
+    def scoped(module, name):
+        def pre(_m, _args):
+            rf = record_function(f"labkit::{name}")
+            rf.__enter__()
+            stack.append(rf)
+
+        def post(_m, _args, _out):
+            stack.pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+
+    scoped(model.embed, "embedding")
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            scoped(module, "norm")
+        elif isinstance(module, SwiGLU):
+            scoped(module, "mlp")
+        elif isinstance(module, Block):
+            scoped(module.mixer, module.kind)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _family_of(op, kernel_name: str | None = None) -> str:
+    """The family of an aten op, from its chain of parent scopes (or the kernel's name)."""
+    under_matmul = False
+    node = op
+    while node is not None:
+        name = node.name
+        if name.startswith("labkit::"):
+            scope = name.removeprefix("labkit::")
+            if scope in ("attention", "conv", "gdn") and under_matmul:
+                return "projections"
+            if scope == "step":
+                break
+            return scope
+        if name in _MATMUL_OPS:
+            under_matmul = True
+        node = node.cpu_parent
+    if under_matmul:
+        return "lm_head"  # the only matmul of a reference step outside every module
+    for pattern, family in _NAME_RULES:
+        if kernel_name and pattern.search(kernel_name):
+            return family
+    return "other"
+
+
+def _union_ms(spans: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e <= end:
+            continue
+        busy += e - max(s, end)
+        end = e
+    return busy / 1e3
+
+
+@torch.no_grad()
+def profile_decode(
+    model: HybridLM,
+    backend: str = "reference",
+    batch: int = 1,
+    context: int = 128,
+    steps: int = 5,
+    warmup: int = 3,
+) -> StepProfile:
+    """Profile ``steps`` greedy decode steps after a ``context``-token prefill."""
+    cuda = model.device.type == "cuda"
+    cache = model.new_cache(batch, context + warmup + 2 * steps + 1)
+    decoder = make_decoder(backend, model, cache)
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
+    token = decoder.prefill(ids.to(model.device)).argmax(-1)
+    for _ in range(warmup):
+        token = decoder.step(token).argmax(-1)
+
+    # wall time per step, without the profiler's overhead
+    times = []
+    for _ in range(steps):
+        with Stopwatch(model.device) as sw:
+            token = decoder.step(token).argmax(-1)
+        times.append(sw.ms)
+    step_ms = statistics.median(times)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with _module_scopes(model), profile(activities=activities) as prof:
+        for _ in range(steps):
+            with record_function("labkit::step"):
+                logits = decoder.step(token)
+                with record_function("labkit::sampling"):
+                    token = logits.argmax(-1)
+        if cuda:
+            torch.cuda.synchronize()
+
+    events = prof.events()
+    result = StepProfile(
+        model=model.cfg.name, backend=backend, batch=batch, context=context,
+        device=model.device.type, step_ms=step_ms, kernels_per_step=None, busy_ms=None,
+        bytes_per_step=step_cost(model.cfg, batch, context, model.dtype.itemsize).bytes,
+    )
+    family_ms = dict.fromkeys(FAMILIES, 0.0)
+    if cuda:
+        by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not e.name.startswith(("Memcpy", "Memset"))]
+        spans, tc_us, total_us = [], 0.0, 0.0
+        step_starts = sorted(e.time_range.start for e in events if e.name == "labkit::step")
+        for k in kernels:
+            op = by_id.get(k.linked_correlation_id)
+            fam = _family_of(op, k.name) if op is not None else _family_of(None, k.name)
+            dur = k.time_range.end - k.time_range.start
+            family_ms[fam] += dur / 1e3 / steps
+            total_us += dur
+            if _TENSOR_CORE.search(k.name) and "gemv" not in k.name.lower():
+                tc_us += dur
+            spans.append((k.time_range.start, k.time_range.end))
+            result.timeline.append(KernelSpan(k.name, fam, k.time_range.start, dur))
+        result.kernels_per_step = len(kernels) / steps
+        result.busy_ms = _union_ms(spans) / steps
+        result.tensor_core_share = tc_us / total_us if total_us else None
+        # keep the last step's kernels for the timeline, times relative to its first kernel
+        result.timeline.sort(key=lambda s: s.start_us)
+        if step_starts:
+            last = step_starts[-1]
+            tail = [s for s in result.timeline if s.start_us >= last] or result.timeline
+            t0 = tail[0].start_us
+            result.timeline = [KernelSpan(s.name, s.family, s.start_us - t0, s.dur_us) for s in tail]
+    else:
+        for e in events:
+            if e.device_type != torch.autograd.DeviceType.CPU or e.name.startswith("labkit::"):
+                continue
+            family_ms[_family_of(e, e.name)] += e.self_cpu_time_total / 1e3 / steps
+    result.family_ms = {k: v for k, v in family_ms.items() if v > 0}
+    return result
