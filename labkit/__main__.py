@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 
 
@@ -10,7 +11,13 @@ def _notebooks(args: argparse.Namespace) -> int:
     from .notebooks import cpu_environment, print_summary, run_notebooks
 
     cpu_environment()
-    params = dict(kv.split("=", 1) for kv in args.param)
+    params = {}
+    for kv in args.param:
+        name, _, text = kv.partition("=")
+        try:  # numbers, booleans, lists as Python literals; anything else stays a string
+            params[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            params[name] = text
     rows = run_notebooks(args.out, parameters=params, only=args.only)
     print_summary(rows)
     return 1 if any(r["error"] for r in rows) else 0
@@ -29,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     nb.add_argument("--out", default="build", help="where the executed notebooks go")
     nb.add_argument("--only", nargs="*", help="run the notebooks whose names contain these")
     nb.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                    help="a papermill parameter (string value), repeatable")
+                    help="a papermill parameter (a Python literal, else a string), repeatable")
     nb.set_defaults(func=_notebooks)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,hw,table} --help")
 

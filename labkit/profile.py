@@ -194,7 +194,9 @@ def profile_decode(
     )
     family_ms = dict.fromkeys(FAMILIES, 0.0)
     if cuda:
-        by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+        # aten ops ("frontend" events) by correlation id; runtime events have ids of their own
+        by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                 and e.linked_correlation_id == 0 and not e.name.startswith("cuda")}
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
                    and not e.name.startswith(("Memcpy", "Memset"))]
         spans, tc_us, total_us = [], 0.0, 0.0
