@@ -18,7 +18,7 @@ def _notebooks(args: argparse.Namespace) -> int:
             params[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             params[name] = text
-    rows = run_notebooks(args.out, parameters=params, only=args.only)
+    rows = run_notebooks(args.out, parameters=params, only=args.only, log_output=args.log_output)
     print_summary(rows)
     return 1 if any(r["error"] for r in rows) else 0
 
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     nb.add_argument("--only", nargs="*", help="run the notebooks whose names contain these")
     nb.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                     help="a papermill parameter (a Python literal, else a string), repeatable")
+    nb.add_argument("--log-output", action="store_true", help="stream the cells' output while they run")
     nb.set_defaults(func=_notebooks)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,hw,table} --help")
 

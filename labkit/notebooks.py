@@ -20,6 +20,8 @@ def run_notebooks(
     only: list[str] | None = None,
     directory: Path = NOTEBOOK_DIR,
     kernel_name: str = "python3",
+    cell_timeout_s: int = 1200,
+    log_output: bool = False,
 ) -> list[dict[str, Any]]:
     """Execute each notebook into ``out_dir``; returns one summary row per notebook.
 
@@ -44,6 +46,8 @@ def run_notebooks(
                 kernel_name=kernel_name,
                 cwd=str(nb.parent),
                 progress_bar=False,
+                execution_timeout=cell_timeout_s,  # a hung kernel fails the run instead of stalling it
+                log_output=log_output,
             )
         except Exception as exc:  # papermill wraps the cell's exception; keep its first line
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
