@@ -97,7 +97,7 @@ def generate(
 
     bar = None
     if progress or (progress is None and max_new_tokens >= 256):
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # text bars: widget bars need a live frontend and can stall batch runs
 
         bar = tqdm(total=max_new_tokens, desc=f"decode [{backend}]", unit="tok")
     n = 0
