@@ -117,7 +117,7 @@ def _gated_norm_store(o, z_row, norm_w_ptr, out_row, d, dmask, DV: tl.constexpr,
 def _gdn_decode_kernel(
     proj_ptr, conv_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
     qk_count_ptr, o_count_ptr, o_part_ptr,
-    P, C, eps,
+    P, C, eps, q_scale,
     NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KW_PAD: tl.constexpr,
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
     SHARED_QK: tl.constexpr, SPLIT_V: tl.constexpr, OUT_DTYPE: tl.constexpr,
@@ -161,7 +161,7 @@ def _gdn_decode_kernel(
     if not SHARED_QK:
         _shift_conv_state(row, conv_state, q_ch, kmask, C, KW, KW_PAD)
         _shift_conv_state(row, conv_state, k_ch, kmask, C, KW, KW_PAD)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
 
     gates = row + 2 * NK * DK + 2 * NV * DV
@@ -289,7 +289,7 @@ def gdn_decode(
     _gdn_decode_kernel[(bsz * dims.num_v_heads, n_vb)](
         proj, conv_state, conv_weight, A_log, dt_bias, norm_weight, state, out,
         workspace.qk_counters, workspace.o_counters, workspace.o_partials,
-        proj.shape[1], dims.conv_dim, eps,
+        proj.shape[1], dims.conv_dim, eps, dims.k_head_dim**-0.5,
         NK=dims.num_k_heads, NV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim, KW=kw, KW_PAD=next_pow2(kw),
         BLOCK_DK=next_pow2(dims.k_head_dim), BLOCK_DV=next_pow2(dims.v_head_dim), BLOCK_V=block,
         SHARED_QK=group * n_vb > 1, SPLIT_V=n_vb > 1, OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl),

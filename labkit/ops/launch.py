@@ -177,6 +177,7 @@ def arrive(counter_ptr, expected):
     last = seen == expected - 1
     if last:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+    tl.debug_barrier()  # every thread's later reads come after the acquire
     return last
 
 

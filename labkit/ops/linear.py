@@ -125,6 +125,13 @@ def _linear_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
 
     if USE_PDL:
+        if BLOCK_M == 1:
+            # The weights do not depend on the previous kernel: put the first tile in flight
+            # before waiting for it (for K <= BLOCK_K, that is all of this program's weights).
+            first_mask = n_mask[:, None] & ((k_lo + offs_k)[None, :] < k_hi)
+            w_first = tl.load(w_rows + (k_lo + offs_k)[None, :], mask=first_mask, other=0.0)
+            if SWIGLU:
+                w_up_first = tl.load(w_rows + N * K + (k_lo + offs_k)[None, :], mask=first_mask, other=0.0)
         gdc_wait()  # the input rows come from the previous kernel
 
     if NORM:
@@ -157,9 +164,20 @@ def _linear_kernel(
             if UNIT_OFFSET:
                 nw = nw + 1.0
             xv = cast(xv.to(tl.float32) * rstd[:, None] * nw[None, :], w_dtype, EMULATE_RTNE)
-        w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)
-        if SWIGLU:
-            w_up = tl.load(w_rows + N * K + kk[None, :], mask=w_mask, other=0.0)
+        if USE_PDL and BLOCK_M == 1:
+            if k0 == k_lo:
+                w = w_first
+            else:
+                w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)
+            if SWIGLU:
+                if k0 == k_lo:
+                    w_up = w_up_first
+                else:
+                    w_up = tl.load(w_rows + N * K + kk[None, :], mask=w_mask, other=0.0)
+        else:
+            w = tl.load(w_rows + kk[None, :], mask=w_mask, other=0.0)
+            if SWIGLU:
+                w_up = tl.load(w_rows + N * K + kk[None, :], mask=w_mask, other=0.0)
         if BLOCK_M == 1:
             xf = xv.to(tl.float32)  # [1, BLOCK_K], broadcast over the weight rows
             acc2 += w.to(tl.float32) * xf
