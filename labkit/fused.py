@@ -1,8 +1,8 @@
 """The fused decode backends: one token per sequence through Triton kernels, eager or in one CUDA graph.
 
-Per block, five launches instead of the reference's dozens:
+Per block, four or five launches instead of the reference's dozens:
 
-    conv:       in_proj (+ RMSNorm)  -> short conv (+ state shift)           -> out_proj (+ residual)
+    conv:       in_proj (+ RMSNorm, + short conv and its state shift)        -> out_proj (+ residual)
     attention:  wqkv (+ RMSNorm)     -> norm, RoPE, cache write, attention   -> wo (+ residual)
     gdn:        in_proj (+ RMSNorm)  -> conv, norms, gates, delta rule, gated norm -> out_proj (+ residual)
     mlp:        gate_up (+ RMSNorm, SwiGLU) -> down (+ residual)
@@ -54,7 +54,11 @@ class _LinearPlan:
     weight: torch.Tensor
     config: Any  # LinearConfig
     norm_weight: torch.Tensor | None = None
-    swiglu: bool = False
+    row_blocks: int = 1  # 2: SwiGLU's gate|up, 3: the short conv's B|C|x
+
+    @property
+    def outputs(self) -> int:
+        return self.weight.shape[0] // self.row_blocks
 
 
 class FusedDecoder:
@@ -98,16 +102,18 @@ class FusedDecoder:
         eps, unit = cfg.norm_eps, cfg.norm_unit_offset
         self.eps, self.unit = eps, unit
 
-        def plan(weight: torch.Tensor, norm: torch.Tensor | None = None, swiglu: bool = False) -> _LinearPlan:
+        def plan(weight: torch.Tensor, norm: torch.Tensor | None = None, row_blocks: int = 1,
+                 argmax: bool = False) -> _LinearPlan:
             n, k = weight.shape
-            return _LinearPlan(weight, lin.linear_config(B, n // 2 if swiglu else n, k, swiglu), norm, swiglu)
+            config = lin.linear_config(B, n // row_blocks, k, row_blocks=row_blocks, argmax=argmax)
+            return _LinearPlan(weight, config, norm, row_blocks)
 
         self.layers: list[dict[str, Any]] = []
         for block in model.layers:
             mixer = block.mixer
             entry: dict[str, Any] = {"kind": block.kind, "mixer": mixer}
-            if isinstance(mixer, ShortConv):
-                entry["in"] = plan(mixer.in_proj, block.mixer_norm.weight)
+            if isinstance(mixer, ShortConv):  # in_proj and the conv in one kernel (its epilogue)
+                entry["in"] = plan(mixer.in_proj, block.mixer_norm.weight, row_blocks=3)
                 entry["out"] = plan(mixer.out_proj)
             elif isinstance(mixer, Attention):
                 entry["in"] = plan(mixer.wqkv, block.mixer_norm.weight)
@@ -117,10 +123,11 @@ class FusedDecoder:
                 entry["out"] = plan(mixer.out_proj)
             else:  # pragma: no cover
                 raise TypeError(f"no fused kernel for mixer {type(mixer).__name__}")
-            entry["gate_up"] = plan(block.mlp.gate_up, block.mlp_norm.weight, swiglu=True)
+            entry["gate_up"] = plan(block.mlp.gate_up, block.mlp_norm.weight, row_blocks=2)
             entry["down"] = plan(block.mlp.down)
             self.layers.append(entry)
         self.head = plan(model.lm_head_weight, model.final_norm.weight)
+        self.greedy = plan(model.lm_head_weight, model.final_norm.weight, argmax=True)
 
         # static buffers: one per distinct shape, reused by every layer
         self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
@@ -132,17 +139,17 @@ class FusedDecoder:
         self.mixed: dict[str, torch.Tensor] = {}
         for entry in self.layers:
             kind = entry["kind"]
-            if kind not in self.proj:
-                self.proj[kind] = torch.empty(B, entry["in"].weight.shape[0], dtype=dt, device=dev)
+            if kind not in self.mixed:
+                if kind != "conv":  # the conv layers' projection never leaves its kernel
+                    self.proj[kind] = torch.empty(B, entry["in"].weight.shape[0], dtype=dt, device=dev)
                 self.mixed[kind] = torch.empty(B, entry["out"].weight.shape[1], dtype=dt, device=dev)
 
         need_p = need_c = 0
-        for p in [self.head] + [e[name] for e in self.layers for name in ("in", "out", "gate_up", "down")]:
-            n, k = p.weight.shape
-            np_, nc = lin.LinearWorkspace.needed(B, n // 2 if p.swiglu else n, k, p.swiglu, p.config)
+        for p in [self.head, self.greedy] + [e[name] for e in self.layers for name in ("in", "out", "gate_up", "down")]:
+            np_, nc = lin.LinearWorkspace.needed(B, p.outputs, p.config, p.row_blocks)
             need_p, need_c = max(need_p, np_), max(need_c, nc)
         self.linear_ws = lin.LinearWorkspace.allocate(need_p, need_c, dev)
-        self.head_buffers = self._head.GreedyHeadBuffers.allocate(B, cfg.vocab_size, self.head.config, dev)
+        self.head_buffers = self._head.GreedyHeadBuffers.allocate(B, cfg.vocab_size, self.greedy.config, dev)
 
         if "attention" in cfg.layer_types:
             self.attn_dims = self._attn.AttentionDims(
@@ -159,10 +166,11 @@ class FusedDecoder:
 
     # -- one step ----------------------------------------------------------------------------------
     def _linear(self, p: _LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None) -> None:
+                residual: torch.Tensor | None = None, short_conv: tuple | None = None) -> None:
         self._lin.linear(
             x, p.weight, out=out, residual=residual, norm_weight=p.norm_weight, norm_eps=self.eps,
-            norm_unit_offset=self.unit, swiglu=p.swiglu, config=p.config, workspace=self.linear_ws, pdl=self.pdl,
+            norm_unit_offset=self.unit, swiglu=p.row_blocks == 2, short_conv=short_conv, config=p.config,
+            workspace=self.linear_ws, pdl=self.pdl,
         )
 
     def _forward(self, greedy: bool) -> None:
@@ -171,16 +179,19 @@ class FusedDecoder:
         torch.index_select(self.model.embed.weight, 0, self.tokens, out=h)
         for i, entry in enumerate(self.layers):
             kind, mixer = entry["kind"], entry["mixer"]
-            proj, mixed = self.proj[kind], self.mixed[kind]
-            self._linear(entry["in"], h, out=proj)
+            mixed = self.mixed[kind]
             if kind == "conv":
-                self._conv.short_conv_decode(proj, cache.conv_states[i], mixer.conv_weight, out=mixed, pdl=pdl)
+                self._linear(entry["in"], h, out=mixed, short_conv=(cache.conv_states[i], mixer.conv_weight))
             elif kind == "attention":
+                proj = self.proj[kind]
+                self._linear(entry["in"], h, out=proj)
                 self._attn.attention_decode(
                     proj, mixer.q_norm.weight, mixer.k_norm.weight, mixer.inv_freq, cache.keys[i], cache.values[i],
                     cache.lengths, self.attn_dims, self.eps, self.unit, out=mixed, workspace=self.attn_ws, pdl=pdl,
                 )
             else:
+                proj = self.proj[kind]
+                self._linear(entry["in"], h, out=proj)
                 self._gdn.gdn_decode(
                     proj, cache.conv_states[i], mixer.conv_weight, mixer.A_log, mixer.dt_bias, mixer.norm_weight,
                     cache.recurrent_states[i], self.gdn_dims, self.eps, out=mixed, workspace=self.gdn_ws, pdl=pdl,
@@ -190,8 +201,8 @@ class FusedDecoder:
             self._linear(entry["down"], self.act, residual=h)
         if greedy:
             self._head.greedy_head(
-                h, self.head.weight, norm_weight=self.head.norm_weight, norm_eps=self.eps,
-                norm_unit_offset=self.unit, tokens_out=self.next_tokens, config=self.head.config,
+                h, self.greedy.weight, norm_weight=self.greedy.norm_weight, norm_eps=self.eps,
+                norm_unit_offset=self.unit, tokens_out=self.next_tokens, config=self.greedy.config,
                 buffers=self.head_buffers, workspace=self.linear_ws, pdl=pdl,
             )
         else:

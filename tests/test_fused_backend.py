@@ -68,7 +68,7 @@ def test_fused_steps_match_the_reference(preset, dtype, batch, device):
 
 
 def test_generate_with_the_fused_backend_equals_reference(device):
-    model = labkit.build("tiny-qwen3.5", dtype=torch.float32, device=device, seed=2)
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, device=device, seed=2)
     prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0)).to(device)
     want = labkit.generate(model, prompt, max_new_tokens=5).tokens
     cache = model.new_cache(2, max_len=10)

@@ -74,10 +74,28 @@ def test_residual_epilogue_in_place(m, config, dtype, device):
     assert rel_err(h, expect) < BOUND[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,config", CASES)
+def test_short_conv_epilogue(m, config, dtype, device):
+    """LFM2's in_proj with the gated short conv fused after it: output and shifted state."""
+    from labkit.ops.short_conv import short_conv_decode_ref
+
+    x, w, norm, _ = _data(m, 3 * 40, 72, dtype, device, seed=4)  # H = 40 channels
+    taps = 3 if m == 1 else 4
+    state = torch.randn(m, taps - 1, 40, generator=torch.Generator().manual_seed(5)).to(dtype=dtype, device=device)
+    conv_w = torch.randn(40, taps, generator=torch.Generator().manual_seed(6)).to(dtype=dtype, device=device)
+    proj = linear_ref(x, w, norm_weight=norm, norm_eps=1e-5)
+    y_ref, state_ref = short_conv_decode_ref(proj, state, conv_w)
+    out = torch.full((m, 40), float("nan"), dtype=dtype, device=device)
+    linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, short_conv=(state, conv_w), config=config)
+    assert rel_err(out, y_ref) < BOUND[dtype]
+    assert rel_err(state, state_ref) < BOUND[dtype] / 10
+
+
 def test_split_k_counters_reset_and_results_repeat(device):
     x, w, _, _ = _data(3, 37, 72, torch.float32, device, seed=3)
     cfg = LinearConfig(16, 16, 16, split_k=4)
-    need_p, need_c = LinearWorkspace.needed(3, 37, 72, False, cfg)
+    need_p, need_c = LinearWorkspace.needed(3, 37, cfg)
     ws = LinearWorkspace.allocate(need_p, need_c + 5, device)
     a = linear(x, w, config=cfg, workspace=ws)
     assert int(ws.counters.abs().sum()) == 0
@@ -99,7 +117,11 @@ def test_gpu_heuristic_fills_the_gpu_at_real_shapes(monkeypatch):
             shapes |= {(c.gdn_conv_dim + c.gdn_value_dim + 2 * c.gdn_num_v_heads, H, False), (H, c.gdn_value_dim, False)}
     for m in (1, 16, 64):
         for n, k, swiglu in sorted(shapes):
-            cfg = linear_config(m, n, k, swiglu)
+            cfg = linear_config(m, n, k, row_blocks=2 if swiglu else 1)
+            if n == 3 * H:  # LFM2's in_proj also runs with the short conv as its epilogue
+                conv_cfg = linear_config(m, H, k, row_blocks=3)
+                programs = math.ceil(H / conv_cfg.block_n) * conv_cfg.split_k * math.ceil(m / conv_cfg.block_m)
+                assert k % conv_cfg.block_k == 0 and programs >= 128, (m, H, k, conv_cfg)
             k_split = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k) * cfg.block_k
             assert k % cfg.block_k == 0 and k_split * cfg.split_k == k, (m, n, k, cfg)
             programs = math.ceil(n / cfg.block_n) * cfg.split_k * math.ceil(m / cfg.block_m)
@@ -117,10 +139,14 @@ def test_bad_inputs_are_refused(device):
         linear(x, torch.randn(72, 37, device=device).t())
     with pytest.raises(ValueError, match="16-byte aligned"):
         linear(torch.empty(2 * 72 + 1, device=device)[1:].view(2, 72), w)
-    with pytest.raises(ValueError, match="even row count"):
+    with pytest.raises(ValueError, match="divisible by 2"):
         linear(x, w, swiglu=True)
     with pytest.raises(ValueError, match="cannot be combined"):
         linear(x, w[:36], swiglu=True, residual=torch.zeros(2, 18, device=device))
+    with pytest.raises(ValueError, match="divisible by 3"):
+        linear(x, w[:35], short_conv=(torch.zeros(2, 2, 12, device=device), torch.zeros(12, 3, device=device)))
+    with pytest.raises(ValueError, match="conv_state must have shape"):
+        linear(x, w[:36], short_conv=(torch.zeros(2, 3, 12, device=device), torch.zeros(12, 3, device=device)))
     with pytest.raises(ValueError, match="norm_weight must have shape"):
         linear(x, w, norm_weight=norm[:71])
     with pytest.raises(ValueError, match="norm_eps"):

@@ -37,6 +37,12 @@ def test_linear(stub_gdc, m, config):
         a = linear_mod.linear(x, w, config=config, pdl=True, **kw)
         b = linear_mod.linear(x, w, config=config, **kw)
         assert torch.equal(a, b)
+    state = torch.randn(m, 2, 24, generator=g)
+    conv_w = torch.randn(24, 3, generator=g)
+    s2 = state.clone()
+    a = linear_mod.linear(x, w[:72].contiguous(), short_conv=(state, conv_w), config=config, pdl=True)
+    b = linear_mod.linear(x, w[:72].contiguous(), short_conv=(s2, conv_w), config=config)
+    assert torch.equal(a, b) and torch.equal(state, s2)
     tok = head_mod.greedy_head(x, w, config=config, pdl=True)
     assert torch.equal(tok, head_mod.greedy_head_ref(x, w))
 

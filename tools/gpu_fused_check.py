@@ -136,6 +136,9 @@ def linear_shapes(model: labkit.HybridLM) -> list[tuple[str, torch.Tensor, dict]
         m = block.mixer
         w_in = {"conv": "in_proj", "attention": "wqkv", "gdn": "in_proj"}[kind]
         w_out = {"conv": "out_proj", "attention": "wo", "gdn": "out_proj"}[kind]
+        if kind == "conv":  # what the fused backend runs: in_proj with the short conv as its epilogue
+            out.append((f"{kind}.{w_in}+norm+short_conv", getattr(m, w_in),
+                        {"norm_weight": block.mixer_norm.weight, "short_conv": m.conv_weight}))
         out.append((f"{kind}.{w_in}+norm", getattr(m, w_in), {"norm_weight": block.mixer_norm.weight}))
         out.append((f"{kind}.{w_out}+residual", getattr(m, w_out), {"residual": True}))
     block = model.layers[0]
@@ -152,21 +155,35 @@ def run_linear(preset: str, model: labkit.HybridLM, batch: int, do_time: bool) -
         with guard(f"{preset} B={batch} linear {name}"):
             rows, k = w.shape
             swiglu = kw.get("swiglu", False)
-            n = rows // 2 if swiglu else rows
+            conv_w = kw.get("short_conv")
+            blocks = 2 if swiglu else 3 if conv_w is not None else 1
+            n = rows // blocks
             x = torch.randn(batch, k, device=DEVICE, dtype=w.dtype, generator=gen)
             res = torch.randn(batch, n, device=DEVICE, dtype=w.dtype, generator=gen) if kw.get("residual") else None
+            state = None
+            if conv_w is not None:
+                state = torch.randn(batch, conv_w.shape[1] - 1, n, device=DEVICE, dtype=w.dtype, generator=gen)
             norm = kw.get("norm_weight")
-            config = linear_config(batch, n, k, swiglu)
-            need = LinearWorkspace.needed(batch, n, k, swiglu, config)
-            ws = LinearWorkspace.allocate(*need, DEVICE)
+            config = linear_config(batch, n, k, row_blocks=blocks)
+            ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, config, blocks), DEVICE)
             common = dict(norm_weight=norm, norm_eps=cfg.norm_eps, norm_unit_offset=cfg.norm_unit_offset, swiglu=swiglu)
-            ref = linear_ref(x, w, residual=res, **common)
+
+            def conv(st):
+                return None if st is None else (st, conv_w)
+
+            ref = linear_ref(x, w, residual=res, short_conv=conv(state), **common)
             out = torch.full((batch, n), float("nan"), dtype=w.dtype, device=DEVICE)
+            s1 = None if state is None else state.clone()
             got = linear(x, w, out=out if res is None else None, residual=res.clone() if res is not None else None,
-                         config=config, workspace=ws, **common)
-            again = linear(x, w, residual=res.clone() if res is not None else None, config=config, workspace=ws, **common)
+                         short_conv=conv(s1), config=config, workspace=ws, **common)
+            s2 = None if state is None else state.clone()
+            again = linear(x, w, residual=res.clone() if res is not None else None, short_conv=conv(s2),
+                           config=config, workspace=ws, **common)
             check(preset, batch, f"linear {name}", rel_err(got, ref), 1e-2, config=repr(config))
             check(preset, batch, f"linear {name} repeat is exact", 0.0 if torch.equal(got, again) else 1.0, 0.0)
+            if state is not None:
+                y_proj = linear_ref(x, w, **common)
+                check(preset, batch, f"linear {name} conv state", rel_err(s1, short_conv_decode_ref(y_proj, state, conv_w)[1]), 1e-2)
             if not do_time:
                 continue
             nbytes = w.numel() * w.element_size()
@@ -177,7 +194,8 @@ def run_linear(preset: str, model: labkit.HybridLM, batch: int, do_time: bool) -
 
             def ours():
                 for wi in ws_:
-                    linear(x, wi, out=y if h is None else None, residual=h, config=config, workspace=ws, **common)
+                    linear(x, wi, out=y if h is None else None, residual=h, short_conv=conv(state), config=config,
+                           workspace=ws, **common)
 
             record_op(preset, batch, name, "triton", bench(ours, copies), nbytes, config=repr(config))
             y_full = torch.empty(batch, rows, dtype=w.dtype, device=DEVICE)
@@ -195,7 +213,7 @@ def run_greedy_head(preset: str, model: labkit.HybridLM, batch: int, do_time: bo
     with guard(f"{preset} B={batch} greedy head"):
         w = model.lm_head_weight
         x = torch.randn(batch, cfg.hidden_size, dtype=w.dtype, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(7))
-        config = linear_config(batch, cfg.vocab_size, cfg.hidden_size)
+        config = linear_config(batch, cfg.vocab_size, cfg.hidden_size, argmax=True)
         kw = dict(norm_weight=model.final_norm.weight, norm_eps=cfg.norm_eps, norm_unit_offset=cfg.norm_unit_offset)
         bufs = GreedyHeadBuffers.allocate(batch, cfg.vocab_size, config, DEVICE)
         logits = torch.empty(batch, cfg.vocab_size, dtype=w.dtype, device=DEVICE)
@@ -377,10 +395,10 @@ def run_decode(preset: str, model: labkit.HybridLM, do_time: bool) -> None:
 
 
 # -- sweep ----------------------------------------------------------------------------------------------
-def sweep_configs(m: int, n: int, k: int, swiglu: bool) -> list[LinearConfig]:
+def sweep_configs(m: int, n: int, k: int, blocks: int) -> list[LinearConfig]:
     if m == 1:
         cands = [LinearConfig(1, bn, bk, 1, 4, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024)
-                 if k % bk == 0 and bn * bk * (2 if swiglu else 1) <= 16384]
+                 if k % bk == 0 and bn * bk * blocks <= 16384]
     else:
         bucket = max(16, triton.next_power_of_2(m))
         cands = [LinearConfig(bucket, bn, bk, sk, 4, 3) for bn in (16, 32) for bk in (128, 256) for sk in (1, 2, 4, 8)
@@ -395,24 +413,29 @@ def run_sweep(preset: str, model: labkit.HybridLM) -> None:
             with guard(f"sweep {preset} B={batch} {name}"):
                 rows, k = w.shape
                 swiglu = kw.get("swiglu", False)
-                n = rows // 2 if swiglu else rows
+                conv_w = kw.get("short_conv")
+                blocks = 2 if swiglu else 3 if conv_w is not None else 1
+                n = rows // blocks
                 x = torch.randn(batch, k, dtype=w.dtype, device=DEVICE)
                 h = torch.randn(batch, n, dtype=w.dtype, device=DEVICE) if kw.get("residual") else None
                 y = torch.empty(batch, n, dtype=w.dtype, device=DEVICE)
                 copies = copies_for(w.numel() * 2)
                 ws_ = [w] + [w.clone() for _ in range(copies - 1)]
+                short_conv = None
+                if conv_w is not None:
+                    short_conv = (torch.zeros(batch, conv_w.shape[1] - 1, n, dtype=w.dtype, device=DEVICE), conv_w)
                 common = dict(norm_weight=kw.get("norm_weight"), norm_eps=cfg.norm_eps,
-                              norm_unit_offset=cfg.norm_unit_offset, swiglu=swiglu)
-                default = linear_config(batch, n, k, swiglu)
+                              norm_unit_offset=cfg.norm_unit_offset, swiglu=swiglu, short_conv=short_conv)
+                default = linear_config(batch, n, k, row_blocks=blocks)
                 results = []
-                for c in [default] + [c for c in sweep_configs(batch, n, k, swiglu) if c != default]:
-                    ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, k, swiglu, c), DEVICE)
+                for c in [default] + [c for c in sweep_configs(batch, n, k, blocks) if c != default]:
+                    ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, c, blocks), DEVICE)
                     us = bench(lambda: [linear(x, wi, out=y if h is None else None, residual=h, config=c, workspace=ws,
                                                **common) for wi in ws_], copies, reps=7)
                     results.append((us, c))
                 best_us, best = min(results, key=lambda r: r[0])
                 default_us = results[0][0]
-                RESULTS["sweep"].append({"preset": preset, "batch": batch, "op": name, "n": n, "k": k, "swiglu": swiglu,
+                RESULTS["sweep"].append({"preset": preset, "batch": batch, "op": name, "n": n, "k": k, "row_blocks": blocks,
                                          "best": repr(best), "best_us": best_us, "default": repr(default), "default_us": default_us})
                 print(f"  {preset} B={batch} {name:28s} default {default_us:7.2f} µs  best {best_us:7.2f} µs  {best}")
                 del ws_
@@ -445,7 +468,7 @@ def print_table() -> None:
         for s in RESULTS["sweep"]:
             if s["best"] != s["default"]:
                 bucket = 1 if s["batch"] == 1 else max(16, triton.next_power_of_2(s["batch"]))
-                print(f"    ({bucket}, {s['n']}, {s['k']}, {s['swiglu']}): {s['best']},  # {s['default_us']:.2f} -> {s['best_us']:.2f} µs")
+                print(f"    ({bucket}, {s['n']}, {s['k']}, {s['row_blocks']}): {s['best']},  # {s['default_us']:.2f} -> {s['best_us']:.2f} µs")
     if RESULTS["errors"]:
         print(f"\n{len(RESULTS['errors'])} items failed to run: " + "; ".join(e["what"] for e in RESULTS["errors"]))
 

@@ -93,7 +93,7 @@ def greedy_head(
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x must be [M, K] and weight [V, K], got {list(x.shape)} and {list(weight.shape)}")
     m, v = x.shape[0], weight.shape[0]
-    cfg = config or linear_config(m, v, weight.shape[1])
+    cfg = config or linear_config(m, v, weight.shape[1], argmax=True)
     if buffers is None:
         buffers = GreedyHeadBuffers.allocate(m, v, cfg, x.device)
     if not isinstance(buffers, GreedyHeadBuffers):
@@ -108,10 +108,10 @@ def greedy_head(
         best_val=buffers.best_val, best_idx=buffers.best_idx,
     )
     n_tiles = buffers.best_val.shape[1]
+    block = min(4096, triton.next_power_of_2(n_tiles))
     _argmax_reduce_kernel[(m,)](
         buffers.best_val, buffers.best_idx, tokens_out, n_tiles,
-        BLOCK=min(1024, triton.next_power_of_2(n_tiles)), USE_PDL=bool(pdl),
-        num_warps=4, launch_pdl=bool(pdl),
+        BLOCK=block, USE_PDL=bool(pdl), num_warps=8 if block >= 2048 else 4, launch_pdl=bool(pdl),
     )
     return tokens_out
 
