@@ -9,9 +9,10 @@ Qwen3.5 only) and the caches ``keys, values [B, nkv, max_len, hd]`` holding ``le
     out_h = o_h * sigmoid(gate_h)  (Qwen3.5)  or  o_h               ready for wo
 
 RMSNorm per head (weight ``w`` or ``1 + w``); rotate-half RoPE on the first ``rotary_dim``
-channels (see :mod:`labkit.ops.rope`), angles reduced to [-pi, pi] before tl.sin/tl.cos, whose
-GPU versions are only accurate near zero. Normed and rotated q, k are rounded to the cache dtype
-as the reference stores them.
+channels (see :mod:`labkit.ops.rope`), angles reduced to [-pi, pi] before tl.sin/tl.cos (on the
+GPU, libdevice's sinf/cosf: accurate everywhere, but beyond ~1e5 radians they take a slow path
+through local memory; positions times frequencies reach 2.6e5 at Qwen3.5's context length).
+Normed and rotated q, k are rounded to the cache dtype as the reference stores them.
 
 Parallelism, flash-decoding style: one program per (sequence, kv head, chunk of CHUNK positions),
 over every chunk that ``max_len`` allows, so the grid is fixed and a CUDA graph can replay it at
@@ -76,7 +77,7 @@ class AttentionDims:
 @device_function
 def _cos_sin(angle):
     """cos, sin of float32 angles of any size: Cody-Waite reduction by 2*pi (6.28125 has 8 significant
-    bits, so n * 6.28125 is exact for |n| < 2**16), then the hardware functions near zero."""
+    bits, so n * 6.28125 is exact for |n| < 2**16), then sin/cos on [-pi, pi]."""
     n = tl.floor(angle * 0.15915494309189535 + 0.5)
     r = angle - n * 6.28125
     r = r - n * 1.9353071795864769e-3
@@ -159,12 +160,20 @@ def _attention_decode_kernel(
         one = tl.arange(0, 1)
         k_new = _norm_rope(row + NH * HD, kvh + one, one < 1, d, k_norm_ptr, inv_freq_ptr, pos, eps,
                            HD, ROT, UNIT_OFFSET, OUT_DTYPE, EMULATE_RTNE)  # [1, HD_PAD]
-        v_new = tl.load(row + (NH + NKV) * HD + kvh * HD + d, mask=dmask, other=0.0)
-
+        # The new token's score and its cache slot, before the loop, so that the float32 q and k
+        # are dead during it (fewer live registers). Only the chunk holding pos writes the slot;
+        # the loop reads positions < pos, so nothing reads it in this launch.
+        tail = pos < c0 + CHUNK
+        s_new = tl.where(tail, tl.sum(q * k_new, axis=1) * scale, float("-inf"))  # [G_PAD]
         kv_base = pid.to(tl.int64) * max_len * HD
         k_rows = k_cache_ptr + kv_base
         v_rows = v_cache_ptr + kv_base
+        v_src = row + (NH + NKV) * HD + kvh * HD + d
+        new_mask = dmask & tail & (pos < max_len)
+        tl.store(k_rows + pos * HD + d[None, :], cast(k_new, OUT_DTYPE, EMULATE_RTNE), mask=new_mask[None, :])
+        tl.store(v_rows + pos * HD + d, tl.load(v_src, mask=dmask, other=0.0), mask=new_mask)
         q_dot = cast(q, OUT_DTYPE, EMULATE_RTNE)  # exact: q is already rounded
+
         m_i = tl.full([G_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([G_PAD], dtype=tl.float32)
         acc = tl.zeros([G_PAD, HD_PAD], dtype=tl.float32)
@@ -184,19 +193,14 @@ def _attention_decode_kernel(
             acc = dot(cast(p, OUT_DTYPE, EMULATE_RTNE), vt, acc * alpha[:, None], DOT_F32)
             m_i = m_new
 
-        # the new token, from registers, in the chunk that holds pos
-        tail = pos < c0 + CHUNK
-        s_new = tl.sum(q * k_new, axis=1) * scale
-        s_new = tl.where(tail, s_new, float("-inf"))
+        # the new token (a -inf score outside the chunk that holds pos)
         m_new = tl.maximum(m_i, s_new)
         alpha = tl.exp(m_i - m_new)
         p_new = tl.exp(s_new - m_new)
         l_i = l_i * alpha + p_new
-        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+        v_new = tl.load(v_src, mask=dmask, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new[None, :]
         m_i = m_new
-        new_mask = dmask & tail & (pos < max_len)
-        tl.store(k_rows + pos * HD + d[None, :], cast(k_new, OUT_DTYPE, EMULATE_RTNE), mask=new_mask[None, :])
-        tl.store(v_rows + pos * HD + d, v_new, mask=new_mask)
 
         n_active = pos // CHUNK + 1
         if n_active == 1:
@@ -274,7 +278,7 @@ def attention_decode(
     workspace: AttentionWorkspace | None = None,
     chunk: int | None = None,
     block_s: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
     """Attention output ``[B, nh*hd]`` for the new token; writes its k, v into ``keys``/``values`` at
@@ -307,6 +311,8 @@ def attention_decode(
     if bs < 16 or bs & (bs - 1) or ch % bs:
         raise ValueError(f"block_s must be a power of two >= 16 dividing chunk, got block_s={bs}, chunk={ch}")
     n_splits = cdiv(max_len, ch)
+    if num_warps is None:  # the [16, hd] float32 accumulator and q: wide heads get more threads
+        num_warps = 8 if hd >= 256 else 4
     if workspace is None:
         workspace = AttentionWorkspace.allocate(bsz, dims, n_splits, proj.device)
     if not isinstance(workspace, AttentionWorkspace):

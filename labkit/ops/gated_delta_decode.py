@@ -240,7 +240,7 @@ def gdn_decode(
     out: torch.Tensor | None = None,
     workspace: GdnWorkspace | None = None,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
     """One Gated DeltaNet decode step: returns ``out [B, nv*dv]`` (gated-normed, for out_proj) and
@@ -285,6 +285,8 @@ def gdn_decode(
     if block < 1 or block & (block - 1):
         raise ValueError(f"block_v must be a power of two, got {block}")
     n_vb = cdiv(dims.v_head_dim, block)
+    if num_warps is None:  # about 32 float32 state elements per thread: no spills at [128, 64]
+        num_warps = max(4, min(16, next_pow2(dims.k_head_dim) * block // 1024))
     group = dims.num_v_heads // dims.num_k_heads
     _gdn_decode_kernel[(bsz * dims.num_v_heads, n_vb)](
         proj, conv_state, conv_weight, A_log, dt_bias, norm_weight, state, out,
