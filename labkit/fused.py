@@ -44,9 +44,9 @@ def _load_ops() -> Any:
             "the fused backends need Triton: it ships with CUDA builds of PyTorch; on a CPU-only "
             "machine install it (pip install 'triton>=3.6') and set TRITON_INTERPRET=1 before importing it"
         ) from e
-    from .ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
+    from .ops import attention_decode, gated_delta_decode, greedy_head, launch, linear
 
-    return attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
+    return attention_decode, gated_delta_decode, greedy_head, launch, linear
 
 
 @dataclass
@@ -65,8 +65,7 @@ class FusedDecoder:
     """Triton decode step for a :class:`~labkit.model.HybridLM` over a :class:`~labkit.cache.HybridCache`."""
 
     def __init__(self, model: HybridLM, cache: HybridCache, *, graph: bool = False, pdl: bool = False) -> None:
-        attn_ops, gdn_ops, head_ops, launch, lin_ops, conv_ops = _load_ops()
-        self._attn, self._gdn, self._head, self._lin, self._conv = attn_ops, gdn_ops, head_ops, lin_ops, conv_ops
+        self._attn, self._gdn, self._head, launch, self._lin = _load_ops()
         cfg = model.cfg
         if cache.cfg != cfg:
             raise ValueError("the cache was made for another model configuration")

@@ -100,6 +100,25 @@ def test_graph_backends_need_a_gpu(backend):
         make_decoder(backend, model, model.new_cache(1, max_len=8))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error message")
+def test_fused_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    from labkit.ops import launch
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=0)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        make_decoder("fused", model, model.new_cache(1, max_len=8))
+
+
+def test_missing_triton_is_a_clear_import_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "triton", None)
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=0)
+    with pytest.raises(ImportError, match="need Triton"):
+        make_decoder("fused", model, model.new_cache(1, max_len=8))
+
+
 def test_backends_are_registered():
     for name in ("fused", "fused+graph", "fused+graph+pdl"):
         assert name in labkit.BACKENDS

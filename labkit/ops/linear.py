@@ -338,11 +338,12 @@ def linear_config(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool =
     [BLOCK_N, BLOCK_K] tile per row block), K blocks divide K, and K is split
     across programs until there are ~4 programs per SM for the GEMV loop (which is not
     software-pipelined, so parallelism must come from programs) or ~2 for tl.dot tiles (which are).
-    ``argmax`` (the greedy LM head) prefers taller tiles: fewer per-tile winners to reduce.
+    ``argmax`` (the greedy LM head) prefers taller tiles: fewer per-tile winners to reduce; an LM
+    head (n >= 32768) gets them either way, so its logits and greedy paths sum in the same order.
     """
     bucket = m_bucket(m)
     tuned = TUNED.get((bucket, n, k, row_blocks))
-    if tuned is not None and not argmax:
+    if tuned is not None:
         return tuned
     if interpreting():
         # few large programs: the interpreter pays per program, not per byte
@@ -350,7 +351,7 @@ def linear_config(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool =
     sms = num_sms()
     if bucket == 1:
         per_matrix = next_pow2(4096 // row_blocks + 1) // 2  # elements of one block's weight tile
-        block_k = _block_k(k, 256 if argmax else 1024)
+        block_k = _block_k(k, 256 if argmax or n >= 32768 else 1024)
         block_n = max(1, min(16, per_matrix // block_k, next_pow2(n)))
         split = _split(cdiv(n, block_n), cdiv(k, block_k), 4 * sms)
         while cdiv(n, block_n) * split < 4 * sms and block_n > 2:
