@@ -8,7 +8,9 @@ keep HBM busy. Fused around the stream, so that the activations never make an ex
   weight ``w`` or ``1 + w``), exactly the block's pre-norm;
 - epilogue, one of: plain store; residual add ``out = residual + x W^T`` (may write in place into
   the residual); SwiGLU ``out = silu(x W_g^T) * (x W_u^T)`` for stacked ``W = [W_g; W_u]``, both
-  halves read by the same program; and for the LM head a per-tile (max, argmax) for greedy decode
+  halves read by the same program; LFM2's gated short conv for ``W = [W_B; W_C; W_x]`` (the
+  program owns channels n of all three, and so their conv state: the whole conv mixer before
+  out_proj is one launch); and for the LM head a per-tile (max, argmax) for greedy decode
   (reduced by :mod:`labkit.ops.greedy_head`).
 
 Two inner loops:
@@ -21,7 +23,9 @@ Two inner loops:
 Filling the GPU: N = 1024 outputs in blocks of 16 is 64 programs for 132 SMs. Programs can then
 split K (``split_k``): each writes a float32 partial to a workspace and the last of a tile to
 arrive (an atomic counter) sums the partials in a fixed order and runs the epilogue, so the result
-is deterministic and still one launch. Block sizes are arguments (:class:`LinearConfig`), chosen by
+is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
+parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 programs per SM,
+split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits). Block sizes are arguments (:class:`LinearConfig`), chosen by
 :func:`linear_config` from a measured table (``TUNED``) or a heuristic. There is no
 ``triton.autotune``: it would benchmark by running the kernel repeatedly, which corrupts in-place
 residual outputs and cannot happen inside a CUDA graph capture; ``tools/gpu_fused_check.py``
