@@ -207,6 +207,7 @@ class FusedDecoder:
         else:
             self._linear(self.head, h, out=self.logits)
 
+    @torch.no_grad()
     def _capture(self, greedy: bool) -> torch.cuda.CUDAGraph:
         """Capture one step (with the device-side length increment) in a CUDA graph.
 
