@@ -5,6 +5,7 @@
     out = labkit.generate(model, input_ids, max_new_tokens=128, backend="reference")
 """
 
+from . import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
 from .backends import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save

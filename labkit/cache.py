@@ -63,6 +63,9 @@ class HybridCache:
         # host copy so that bounds are checked without a device sync.
         self.lengths = torch.zeros(B, dtype=torch.int32, device=self.device)
         self._host_lengths = [0] * B
+        # Objects other modules build around these buffers and want to reuse for as long as the
+        # cache lives (e.g. captured CUDA graphs of a decode step), keyed by their owner.
+        self.attachments: dict[object, object] = {}
 
     # -- bookkeeping -----------------------------------------------------------------------------
     @property
@@ -91,6 +94,11 @@ class HybridCache:
     def advance(self, num_tokens: int) -> None:
         """Record that every sequence grew by ``num_tokens`` (in place: graph-safe)."""
         self.lengths.add_(num_tokens)
+        self.advance_host(num_tokens)
+
+    def advance_host(self, num_tokens: int) -> None:
+        """Advance only the host mirror of ``lengths``: for a captured step whose graph already
+        increments the device tensor."""
         self._host_lengths = [n + num_tokens for n in self._host_lengths]
 
     def reset(self) -> None:

@@ -81,6 +81,7 @@ def generate(
         cache.reset()
     cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
     decoder = make_decoder(backend, model, cache)
+    greedy_step = getattr(decoder, "step_greedy", None) if params.greedy else None
     generator = None
     if not params.greedy:
         generator = torch.Generator(device=model.device).manual_seed(0 if seed is None else seed)
@@ -113,7 +114,10 @@ def generate(
         # One host read per step when stop tokens are in play: the price of stopping early.
         if n == max_new_tokens or (stops.numel() and bool(finished.all())):
             break
-        token = sample(decoder.step(token), params, generator)
+        if greedy_step is not None:
+            token = greedy_step(token)  # the backend's argmax, without materialising logits
+        else:
+            token = sample(decoder.step(token), params, generator)
     _sync(model.device)
     decode_s = time.perf_counter() - t1
     if bar is not None:

@@ -17,6 +17,26 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        import dataclasses
+
+        import triton.runtime.interpreter as _interp
+
+        # The interpreter checks every int32 index operation for overflow, in numpy, at ~0.5 ms
+        # each: a third of the kernel tests' time. Test shapes are tiny and cannot overflow int32;
+        # the real-shape check is tools/gpu_fused_check.py on a GPU.
+        _interp.interpreter_builder.options = dataclasses.replace(
+            _interp.interpreter_builder.options, sanitize_overflow=False
+        )
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - no triton, or another layout
+        pass
+
+
+def pytest_configure(config):
+    # Triton 3.6's interpreter turns 1-element arrays into loop bounds, which numpy >= 1.25 warns about.
+    config.addinivalue_line("filterwarnings", "ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
 
 def rel_err(a, b) -> float:
     """||a - b|| / ||b|| in float64; NaN or Inf anywhere fails."""

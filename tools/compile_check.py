@@ -1,0 +1,162 @@
+#!/usr/bin/env python
+"""Compile every Triton kernel variant of the fused decode step for a GPU, on a machine without one.
+
+    python tools/compile_check.py                       # sm_90 (H100/H200), both real presets
+    python tools/compile_check.py --arch 100 --batches 1 8
+
+The CPU interpreter runs the kernels' Python; it does not run Triton's compiler, so a kernel can
+pass every CPU test and still fail to compile (types, layouts, shared memory). This script runs
+one decode step of the "fused" backend (with and without PDL) on CPU tensors of the real presets,
+but with Triton's driver replaced by a stand-in that reports a GPU target and launches nothing:
+every launch is compiled down to a cubin with the ptxas that ships with Triton, and nothing
+executes. It then reports, per kernel variant: registers, stack (spills), shared memory, and how many
+16-byte load instructions (ld.global.v4 or cp.async of 16 bytes) its PTX has.
+
+It leans on Triton 3.6 internals (``triton.runtime.driver.set_active``, ``JITFunction.run``'s
+``warmup``); on another version it may need adjusting. Results say nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime import jit as triton_jit  # noqa: E402
+
+
+class _Utils:
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}
+
+
+class _CompileOnlyDriver:
+    """Enough of a CUDA driver for Triton to pick a target and compile; it launches nothing."""
+
+    utils = _Utils()
+
+    def __init__(self, arch: int) -> None:
+        self.arch = arch
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", self.arch, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def is_active(self):
+        return True
+
+
+COMPILED: dict[str, tuple[str, object]] = {}
+
+
+def _compile_only(original):
+    def run(self, *args, grid, warmup, **kwargs):
+        kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+        COMPILED.setdefault(kernel.hash, (self.fn.__name__, kernel))
+        return kernel
+
+    return run
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers, spill bytes and static shared memory from cuobjdump (bundled with Triton)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"labkit_compile_check_{os.getpid()}.cubin"
+    path.write_bytes(cubin)
+    try:
+        text = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True).stdout
+    finally:
+        path.unlink(missing_ok=True)
+    usage = {}
+    for key, pattern in (("regs", r"REG:(\d+)"), ("stack", r"STACK:(\d+)"), ("shared", r"SHARED:(\d+)")):
+        m = re.search(pattern, text)
+        usage[key] = int(m.group(1)) if m else -1
+    return usage
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
+    parser.add_argument("--presets", nargs="*", default=["lfm2-350m", "qwen3.5-0.8b"])
+    parser.add_argument("--batches", nargs="*", type=int, default=[1, 16])
+    args = parser.parse_args()
+
+    driver.set_active(_CompileOnlyDriver(args.arch))
+    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run)
+
+    import labkit
+    from labkit.fused import FusedDecoder
+    from labkit.ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
+
+    # CPU tensors stand in for CUDA ones: skip the device checks (and nothing runs anyway)
+    for mod in (linear, short_conv, gated_delta_decode, attention_decode, greedy_head):
+        mod.check_devices = lambda **tensors: torch.device("cpu")
+    launch.interpreting = lambda: True  # lets FusedDecoder accept a CPU model; kernels keep GPU flags
+
+    failures = 0
+    t0 = time.time()
+    for preset in args.presets:
+        model = labkit.build(preset, dtype=torch.bfloat16, device="cpu", seed=0)
+        for batch in args.batches:
+            for pdl in (False, True):
+                for greedy in (False, True):
+                    what = f"{preset} B={batch} pdl={pdl} greedy={greedy}"
+                    try:
+                        decoder = FusedDecoder(model, model.new_cache(batch, max_len=4096))
+                        decoder.pdl = pdl
+                        decoder._forward(greedy)
+                        # the standalone short conv kernel (the backend fuses it into in_proj)
+                        if "conv" in model.cfg.layer_types:
+                            H = model.cfg.hidden_size
+                            short_conv.short_conv_decode(
+                                torch.empty(batch, 3 * H, dtype=torch.bfloat16),
+                                torch.empty(batch, model.cfg.conv_kernel - 1, H, dtype=torch.bfloat16),
+                                torch.empty(H, model.cfg.conv_kernel, dtype=torch.bfloat16), pdl=pdl,
+                            )
+                        print(f"ok   {what}: {len(COMPILED)} variants so far ({time.time() - t0:.0f} s)")
+                    except Exception as e:  # noqa: BLE001
+                        failures += 1
+                        print(f"FAIL {what}: {e!r}")
+        del model
+
+    print(f"\n{'kernel':28s} {'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack':>6s} {'smem':>7s} {'16B ld':>6s}  constexprs")
+    for name, kernel in sorted(COMPILED.values(), key=lambda nk: nk[0]):
+        usage = resource_usage(kernel.asm["cubin"])
+        ptx = kernel.asm["ptx"]
+        v4 = len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx)) + len(re.findall(r"cp\.async\.\w+\.shared\.global[^;]*, 0x10", ptx))
+        consts = {k: v for k, v in kernel.src.constants.items()} if hasattr(kernel, "src") else {}
+        names = kernel.src.fn.arg_names if hasattr(kernel, "src") else []
+        shown = ", ".join(f"{names[k[0]]}={v}" for k, v in consts.items()
+                          if names and names[k[0]].isupper() and names[k[0]] not in ("DOT_F32", "EMULATE_RTNE"))
+        meta = kernel.metadata
+        print(f"{name:28s} {meta.num_warps:5d} {meta.num_stages:6d} {usage['regs']:5d} {usage['stack']:6d} "
+              f"{meta.shared:7d} {v4:6d}  {shown}")
+        if usage["stack"] > 0 and "st.local" in ptx:
+            print(f"  ^ {usage['stack']} bytes of local memory in the PTX itself (a local array, e.g. libdevice's slow trig path)")
+        elif usage["stack"] > 0:
+            print(f"  ^ ptxas spilled registers ({usage['stack']} bytes of stack)")
+    print(f"\n{len(COMPILED)} kernel variants compiled for sm_{args.arch} in {time.time() - t0:.0f} s; {failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
