@@ -140,6 +140,59 @@ def _family_of(op, kernel_name: str | None = None) -> str:
     return "other"
 
 
+def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: StepProfile) -> None:
+    """Device time per family, kernel count, busy time, tensor-core share and the last step's timeline.
+
+    Each aten op carries the kernels it launched (``FunctionEvent.kernels``: name and duration); its
+    parent chain gives the family. The kernels' own device events give start times, for the busy
+    time and the timeline; they are matched back to their family by (name, duration), which needs
+    no version-specific correlation field of the profiler.
+    """
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    by_kernel: dict[tuple[str, float], list[str]] = {}
+    tc_us = total_us = 0.0
+    count = 0
+    for op in events:
+        if op.device_type != cpu:
+            continue
+        for k in getattr(op, "kernels", []):
+            if k.name.startswith(("Memcpy", "Memset")):
+                continue
+            fam = _family_of(op, k.name)
+            family_ms[fam] += k.duration / 1e3 / steps
+            by_kernel.setdefault((k.name, round(k.duration, 3)), []).append(fam)
+            total_us += k.duration
+            count += 1
+            if _TENSOR_CORE.search(k.name) and "gemv" not in k.name.lower():
+                tc_us += k.duration
+    device = sorted((e for e in events if e.device_type == gpu and not e.name.startswith(("Memcpy", "Memset"))),
+                    key=lambda e: e.time_range.start)
+    if not count:  # kernels not linked to ops (e.g. launched outside aten): attribute by name
+        for e in device:
+            dur = e.time_range.end - e.time_range.start
+            fam = _family_of(None, e.name)
+            family_ms[fam] += dur / 1e3 / steps
+            by_kernel.setdefault((e.name, round(dur, 3)), []).append(fam)
+            total_us += dur
+            if _TENSOR_CORE.search(e.name) and "gemv" not in e.name.lower():
+                tc_us += dur
+        count = len(device)
+    result.kernels_per_step = count / steps
+    result.tensor_core_share = tc_us / total_us if total_us else None
+    if not device:
+        return
+    result.busy_ms = _union_ms([(e.time_range.start, e.time_range.end) for e in device]) / steps
+    spans = []
+    for e in device:
+        dur = e.time_range.end - e.time_range.start
+        fams = by_kernel.get((e.name, round(dur, 3)))
+        spans.append(KernelSpan(e.name, fams.pop(0) if fams else _family_of(None, e.name), e.time_range.start, dur))
+    starts = sorted(e.time_range.start for e in events if e.name == "labkit::step")
+    tail = [sp for sp in spans if starts and sp.start_us >= starts[-1]] or spans
+    t0 = tail[0].start_us
+    result.timeline = [KernelSpan(sp.name, sp.family, sp.start_us - t0, sp.dur_us) for sp in tail]
+
+
 def _union_ms(spans: list[tuple[float, float]]) -> float:
     busy, end = 0.0, float("-inf")
     for s, e in sorted(spans):
@@ -194,33 +247,7 @@ def profile_decode(
     )
     family_ms = dict.fromkeys(FAMILIES, 0.0)
     if cuda:
-        # aten ops ("frontend" events) by correlation id; runtime events have ids of their own
-        by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-                 and e.linked_correlation_id == 0 and not e.name.startswith("cuda")}
-        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
-                   and not e.name.startswith(("Memcpy", "Memset"))]
-        spans, tc_us, total_us = [], 0.0, 0.0
-        step_starts = sorted(e.time_range.start for e in events if e.name == "labkit::step")
-        for k in kernels:
-            op = by_id.get(k.linked_correlation_id)
-            fam = _family_of(op, k.name) if op is not None else _family_of(None, k.name)
-            dur = k.time_range.end - k.time_range.start
-            family_ms[fam] += dur / 1e3 / steps
-            total_us += dur
-            if _TENSOR_CORE.search(k.name) and "gemv" not in k.name.lower():
-                tc_us += dur
-            spans.append((k.time_range.start, k.time_range.end))
-            result.timeline.append(KernelSpan(k.name, fam, k.time_range.start, dur))
-        result.kernels_per_step = len(kernels) / steps
-        result.busy_ms = _union_ms(spans) / steps
-        result.tensor_core_share = tc_us / total_us if total_us else None
-        # keep the last step's kernels for the timeline, times relative to its first kernel
-        result.timeline.sort(key=lambda s: s.start_us)
-        if step_starts:
-            last = step_starts[-1]
-            tail = [s for s in result.timeline if s.start_us >= last] or result.timeline
-            t0 = tail[0].start_us
-            result.timeline = [KernelSpan(s.name, s.family, s.start_us - t0, s.dur_us) for s in tail]
+        _attribute_kernels(events, steps, family_ms, result)
     else:
         for e in events:
             if e.device_type != torch.autograd.DeviceType.CPU or e.name.startswith("labkit::"):

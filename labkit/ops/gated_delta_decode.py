@@ -95,11 +95,16 @@ def _conv_channels(row, conv_state, conv_w_ptr, ch, mask, C, KW: tl.constexpr, K
 
 @device_function
 def _shift_conv_state(row, conv_state, ch, mask, C, KW: tl.constexpr, KW_PAD: tl.constexpr):
-    """state rows j <- j + 1, the last row <- the new raw value row[c]."""
+    """state rows j <- j + 1, the last row <- the new raw value row[c].
+
+    Row j + 1 is loaded by the thread that holds element (j + 1, c) of the tile, and stored by
+    another one: the barrier keeps every load of the old window ahead of every store.
+    """
     j = tl.arange(0, KW_PAD)[:, None]
     later = tl.load(conv_state + (j + 1) * C + ch[None, :], mask=(j + 1 < KW - 1) & mask[None, :], other=0.0)
     new = tl.load(row + ch, mask=mask, other=0.0)
     later = tl.where(j + 1 == KW - 1, new[None, :], later)
+    tl.debug_barrier()
     tl.store(conv_state + j * C + ch[None, :], later, mask=(j < KW - 1) & mask[None, :])
 
 

@@ -94,7 +94,12 @@ def _linear_epilogue(
         y += bx.to(tl.float32) * w_last[None, :]
         tl.debug_barrier()  # the shift is in place: all reads of the old window first
         for j in tl.static_range(KW - 2):
-            tl.store(state + j * N, tl.load(state + (j + 1) * N, mask=mask, other=0.0), mask=mask)
+            # Replicated lanes hold the same element: each row's loads must all come before any
+            # thread overwrites that row in the next iteration (or with bx below).
+            later = tl.load(state + (j + 1) * N, mask=mask, other=0.0)
+            tl.debug_barrier()
+            tl.store(state + j * N, later, mask=mask)
+            tl.debug_barrier()
         tl.store(state + (KW - 2) * N, bx, mask=mask)
         y = gate_c * y
     elif RESIDUAL:
