@@ -11,11 +11,13 @@ from .checkpoint import CheckpointError, load, save
 from .config import PRESETS, ModelConfig
 from .generate import GenerationResult, generate
 from .model import HybridLM, build
+from .tokenizer import ByteTokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "ByteTokenizer",
     "CacheFullError",
     "CheckpointError",
     "GenerationResult",
