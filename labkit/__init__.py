@@ -8,6 +8,7 @@
 from .backends import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save
+from .checkpoints import CHECKPOINTS, available_checkpoints, checkpoint_path
 from .config import PRESETS, ModelConfig
 from .generate import GenerationResult, generate
 from .model import HybridLM, build
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKENDS",
     "ByteTokenizer",
+    "CHECKPOINTS",
     "CacheFullError",
     "CheckpointError",
     "GenerationResult",
@@ -25,7 +27,9 @@ __all__ = [
     "HybridLM",
     "ModelConfig",
     "PRESETS",
+    "available_checkpoints",
     "build",
+    "checkpoint_path",
     "generate",
     "load",
     "save",
