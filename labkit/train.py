@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -464,7 +465,7 @@ def train(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc=cfg.name, unit="step", dynamic_ncols=True, mininterval=1.0)
-    say = bar.write if bar is not None else print
+    say = bar.write if bar is not None else functools.partial(print, flush=True)  # logs survive a kill
     say(f"{cfg.name}: {n_params / 1e6:.2f} M parameters; corpus: Python {corpus.stats['python_version']} stdlib, "
         f"{corpus.stats['train_files']} train files ({corpus.stats['train_tokens'] / 1e6:.1f} M tokens), "
         f"{corpus.stats['heldout_files']} held-out files; device {dev}; batch {batch} x seq {seq}")
@@ -480,45 +481,53 @@ def train(
             f"held-out {loss:.4f} nats/byte = {loss / LN2:.3f} bits/byte  ({elapsed:.0f} s)")
 
     t_setup = time.perf_counter() - t_start
+    # On a CPU the first steps of a fresh model (LFM2's gated conv multiplies three small numbers)
+    # produce float32 denormals, which x86 cores handle many times slower: flush them to zero
+    # while training.
+    flushing = dev.type == "cpu" and torch.set_flush_denormal(True)
     t0 = time.perf_counter()
     acc = torch.zeros((), device=dev)
     acc_n, last_log_t, last_log_step = 0, t0, 0
     last_train_loss: float | None = None
     step, stopped_by = 0, "steps"
-    while step < steps:
-        elapsed = time.perf_counter() - t0
-        if time_budget_s is not None and step > 0 and elapsed >= time_budget_s:  # at least one step
-            stopped_by = "time_budget"
-            break
-        progress_frac = max(step / steps, elapsed / time_budget_s if time_budget_s else 0.0)
-        cur_lr = lr_at(step, progress_frac, lr, warm, min_lr_ratio)
-        for group in optim.param_groups:
-            group["lr"] = cur_lr
-        w = batch_at()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-            s, n = step_loss(model, w)
-        loss = s / n
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optim.step()
-        acc += loss.detach()
-        acc_n += 1
-        step += 1
-        if bar is not None:
-            bar.update(1)
-        if step % log_every == 0 or step == steps:
-            mean = float(acc) / acc_n  # the one host sync per log interval
-            now = time.perf_counter()
-            history["train"].append({"step": step, "tokens": step * batch * seq, "loss": mean, "lr": cur_lr,
-                                     "grad_norm": float(grad_norm), "elapsed_s": round(now - t0, 2),
-                                     "steps_per_s": round((step - last_log_step) / max(now - last_log_t, 1e-9), 3)})
+    try:
+        while step < steps:
+            elapsed = time.perf_counter() - t0
+            if time_budget_s is not None and step > 0 and elapsed >= time_budget_s:  # at least one step
+                stopped_by = "time_budget"
+                break
+            progress_frac = max(step / steps, elapsed / time_budget_s if time_budget_s else 0.0)
+            cur_lr = lr_at(step, progress_frac, lr, warm, min_lr_ratio)
+            for group in optim.param_groups:
+                group["lr"] = cur_lr
+            w = batch_at()
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                s, n = step_loss(model, w)
+            loss = s / n
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optim.step()
+            acc += loss.detach()
+            acc_n += 1
+            step += 1
             if bar is not None:
-                bar.set_postfix(loss=f"{mean:.3f}", lr=f"{cur_lr:.2e}", refresh=False)
-            last_train_loss, acc_n, last_log_t, last_log_step = mean, 0, now, step
-            acc.zero_()
-        if eval_every and step % eval_every == 0 and step < steps:
-            periodic_eval(step, last_train_loss, time.perf_counter() - t0)
+                bar.update(1)
+            if step % log_every == 0 or step == steps:
+                mean = float(acc) / acc_n  # the one host sync per log interval
+                now = time.perf_counter()
+                history["train"].append({"step": step, "tokens": step * batch * seq, "loss": mean, "lr": cur_lr,
+                                         "grad_norm": float(grad_norm), "elapsed_s": round(now - t0, 2),
+                                         "steps_per_s": round((step - last_log_step) / max(now - last_log_t, 1e-9), 3)})
+                if bar is not None:
+                    bar.set_postfix(loss=f"{mean:.3f}", lr=f"{cur_lr:.2e}", refresh=False)
+                last_train_loss, acc_n, last_log_t, last_log_step = mean, 0, now, step
+                acc.zero_()
+            if eval_every and step % eval_every == 0 and step < steps:
+                periodic_eval(step, last_train_loss, time.perf_counter() - t0)
+    finally:
+        if flushing:
+            torch.set_flush_denormal(False)
     if acc_n:
         last_train_loss = float(acc) / acc_n
         now = time.perf_counter()
