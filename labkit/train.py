@@ -692,7 +692,7 @@ of {a['batch']} random crops × {a['seq']} bytes = {r['tokens_seen'] / 1e6:.1f} 
 {r['warmup_steps']} warmup steps, cosine decay to {a['min_lr_ratio']:g}× (by steps or by elapsed time,
 whichever is further along), gradient clipping at {a['grad_clip']}, seed {a['seed']}.
 Date {r['date']}; Python {r['versions']['python']}, torch {r['versions']['torch']},
-labkit {r['versions']['labkit']}{(' at ' + r['versions']['git_commit'][:12]) if r['versions'].get('git_commit') else ''}.
+labkit {r['versions']['labkit']}{_commit(r['versions'].get('git_commit'))}.
 
 ```
 {r['command']}
@@ -730,6 +730,12 @@ out = labkit.generate(model, ids, max_new_tokens=96, stop_tokens=[tok.eos_id])
 print(tok.decode(out.tokens[0]))
 ```
 """
+
+
+def _commit(commit: str | None) -> str:
+    if not commit:
+        return ""
+    return f" at commit {commit[:12]}" + (" with uncommitted changes" if commit.endswith("-dirty") else "")
 
 
 # -- command line -----------------------------------------------------------------------------------
