@@ -9,14 +9,18 @@ from . import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl
 from .backends import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save
+from .checkpoints import CHECKPOINTS, available_checkpoints, checkpoint_path
 from .config import PRESETS, ModelConfig
 from .generate import GenerationResult, generate
 from .model import HybridLM, build
+from .tokenizer import ByteTokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "ByteTokenizer",
+    "CHECKPOINTS",
     "CacheFullError",
     "CheckpointError",
     "GenerationResult",
@@ -24,7 +28,9 @@ __all__ = [
     "HybridLM",
     "ModelConfig",
     "PRESETS",
+    "available_checkpoints",
     "build",
+    "checkpoint_path",
     "generate",
     "load",
     "save",
