@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "train-tiny":  # its own parser: python -m labkit train-tiny --family ...
+        from .train import main as train_main
+
+        return train_main(argv[1:])
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -40,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     nb.add_argument("--log-output", action="store_true", help="stream the cells' output while they run")
     nb.set_defaults(func=_notebooks)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,hw,table} --help")
+    sub.add_parser("train-tiny", help="train a small byte-level model: python -m labkit train-tiny --help")
 
     args = parser.parse_args(argv)
     return args.func(args)

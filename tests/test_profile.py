@@ -1,0 +1,47 @@
+"""The profiler report: op families on a CPU run, and kernel attribution from synthetic GPU events."""
+
+from types import SimpleNamespace as NS
+
+import torch
+
+import labkit
+from labkit.profile import StepProfile, _attribute_kernels, profile_decode
+
+CPU, GPU = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+
+def test_cpu_profile_covers_every_mixer_family():
+    model = labkit.build("tiny-qwen3.5", dtype=torch.float32)
+    p = profile_decode(model, batch=2, context=9, steps=2, warmup=1)
+    assert p.step_ms > 0 and p.kernels_per_step is None
+    assert {"gdn", "attention", "norm", "mlp", "projections", "lm_head"} <= set(p.family_ms)
+    assert abs(sum(share for _, _, share in p.table()) - 1) < 1e-9
+
+
+def _op(name, parent=None, kernels=()):
+    return NS(name=name, cpu_parent=parent, device_type=CPU, kernels=list(kernels))
+
+
+def _kernel(name, start, dur):
+    return NS(name=name, device_type=GPU, time_range=NS(start=start, end=start + dur))
+
+
+def test_gpu_kernels_are_attributed_through_their_launching_ops():
+    step = _op("labkit::step")
+    gdn = _op("labkit::gdn", step)
+    proj = _op("aten::linear", gdn, [NS(name="sm90_xmma_gemm_bf16", duration=4.0)])
+    core = _op("aten::mul", gdn, [NS(name="elementwise_kernel", duration=1.0)])
+    head = _op("aten::linear", step, [NS(name="gemv2T_kernel", duration=3.0)])
+    device = [_kernel("sm90_xmma_gemm_bf16", 10.0, 4.0), _kernel("elementwise_kernel", 20.0, 1.0),
+              _kernel("gemv2T_kernel", 30.0, 3.0)]
+    step.time_range = NS(start=0.0, end=40.0)
+    events = [step, gdn, proj, core, head, *device]
+    fams = dict.fromkeys(["projections", "gdn", "lm_head", "other"], 0.0)
+    result = StepProfile("m", "reference", 1, 0, "cuda", step_ms=0.04, kernels_per_step=None, busy_ms=None)
+    _attribute_kernels(events, 1, fams, result)
+    assert fams == {"projections": 0.004, "gdn": 0.001, "lm_head": 0.003, "other": 0.0}
+    assert result.kernels_per_step == 3
+    assert abs(result.busy_ms - 0.008) < 1e-12
+    assert result.tensor_core_share == 0.5  # the gemm, not the gemv
+    assert [s.family for s in result.timeline] == ["projections", "gdn", "lm_head"]
+    assert result.timeline[0].start_us == 0.0
