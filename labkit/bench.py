@@ -59,17 +59,24 @@ class Stopwatch:
 # -- runners: one interface for labkit backends and peers -----------------------------------------
 @dataclass
 class Runner:
-    """``reset()`` forgets all sequences; ``prefill(ids) -> last logits``; ``step(tokens) -> logits``."""
+    """``reset()`` forgets all sequences; ``prefill(ids) -> last logits``; ``step(tokens) -> logits``;
+    ``greedy(tokens) -> next tokens``, by the implementation's fastest greedy path."""
 
     reset: Callable[[], None]
     prefill: Callable[[torch.Tensor], torch.Tensor]
     step: Callable[[torch.Tensor], torch.Tensor]
+    greedy: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.greedy is None:
+            self.greedy = lambda tokens: self.step(tokens).argmax(-1)
 
 
 def labkit_runner(model: HybridLM, backend: str, batch: int, max_len: int) -> Runner:
     cache = model.new_cache(batch, max_len)
     decoder = make_decoder(backend, model, cache)
-    return Runner(cache.reset, decoder.prefill, decoder.step)
+    # backends that can pick the next token without writing logits (the fused ones) do so here
+    return Runner(cache.reset, decoder.prefill, decoder.step, getattr(decoder, "step_greedy", None))
 
 
 def transformers_runner(model: HybridLM, compiled: bool = False) -> Runner:
@@ -161,7 +168,7 @@ def time_decode(
             token = runner.prefill(ids).argmax(-1)
             with Stopwatch(model.device) as sw:
                 for _ in range(new_tokens):
-                    token = runner.step(token).argmax(-1)
+                    token = runner.greedy(token)
             if r >= warmup:
                 res.runs_tokens_per_s.append(batch * new_tokens / (sw.ms * 1e-3))
     except Exception as exc:  # recorded in the results: a peer that fails is a finding, not a crash
@@ -322,6 +329,10 @@ def main(argv: list[str]) -> int:
     t.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = p.parse_args(argv)
 
+    if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
+        from .notebooks import cpu_environment
+
+        cpu_environment()
     if args.what == "table":
         docs = load_results(args.data_dir)
         if args.readme:
