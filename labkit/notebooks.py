@@ -42,7 +42,8 @@ def run_notebooks(
             pm.execute_notebook(
                 str(nb),
                 str(out / nb.name),
-                parameters=parameters or {},
+                # a batch run has no frontend to draw widgets in (and ipywidgets can stall it)
+                parameters={"INTERACTIVE": False, **(parameters or {})},
                 kernel_name=kernel_name,
                 cwd=str(nb.parent),
                 progress_bar=False,

@@ -19,6 +19,6 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_on_cpu(path, tmp_path):
-    (row,) = run_notebooks(tmp_path, parameters={"DEVICE": "cpu", "INTERACTIVE": False}, only=[path.name])
+    (row,) = run_notebooks(tmp_path, parameters={"DEVICE": "cpu"}, only=[path.name])
     assert row["error"] is None, row["error"]
     assert (tmp_path / path.name).exists()

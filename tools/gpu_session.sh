@@ -14,7 +14,7 @@ for stage in $STAGES; do
   date -u; echo "== $stage"
   case $stage in
     notebooks)
-      timeout ${NB_TIMEOUT:-300} python3 -m labkit notebooks --out build -p SAVE_RESULTS=True -p INTERACTIVE=False
+      timeout ${NB_TIMEOUT:-300} python3 -m labkit notebooks --out build -p SAVE_RESULTS=True
       tar czf $OUT/notebooks.tgz build data/bench ;;
     train)
       for family in lfm2 qwen3.5; do
