@@ -15,7 +15,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -24,36 +23,12 @@ import torch
 
 from .backends import make_decoder
 from .config import PRESETS
-from .hw import DeviceFacts, device_facts, versions
+from .hw import DeviceFacts, Stopwatch, device_facts, versions
 from .model import HybridLM, build
 from .roofline import step_cost
 
 PEERS = ("transformers", "transformers+compile")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bench"
-
-
-class Stopwatch:
-    """Elapsed milliseconds of a region: CUDA events on a GPU, perf_counter on a CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self) -> "Stopwatch":
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self._end.record()
-            self._end.synchronize()
-            self.ms = self._start.elapsed_time(self._end)
-        else:
-            self.ms = (time.perf_counter() - self._t0) * 1e3
 
 
 # -- runners: one interface for labkit backends and peers -----------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import platform
 import statistics
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -43,26 +44,39 @@ class DeviceFacts:
         return asdict(self)
 
 
-def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()``; CUDA events on a GPU, a host clock on the CPU."""
+class Stopwatch:
+    """Elapsed milliseconds of a region: CUDA events on a GPU, perf_counter on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self) -> "Stopwatch":
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()
+            self.ms = self._start.elapsed_time(self._end)
+        else:
+            self.ms = (time.perf_counter() - self._t0) * 1e3
+
+
+def _median_ms(fn, repeats: int, device: str, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn()`` on ``device``, after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
     times = []
-    if torch.cuda.is_available():
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    for _ in range(repeats):
+        with Stopwatch(torch.device(device)) as sw:
             fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        import time
-
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        times.append(sw.ms)
     return statistics.median(times)
 
 
@@ -74,7 +88,7 @@ def measure_copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20, device: str
     n = nbytes // 2
     src = torch.randn(n // 2, device=device, dtype=torch.float32).view(torch.bfloat16)  # real data, not zeros
     dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src), repeats)
+    ms = _median_ms(lambda: dst.copy_(src), repeats, device)
     return 2 * src.numel() * src.element_size() / (ms * 1e-3)
 
 
@@ -82,7 +96,7 @@ def measure_bf16_matmul(n: int = 8192, repeats: int = 10, device: str = "cuda") 
     """FLOP/s of an n x n x n bf16 matmul on random data."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    ms = _median_ms(lambda: a @ b, repeats)
+    ms = _median_ms(lambda: a @ b, repeats, device)
     return 2 * n**3 / (ms * 1e-3)
 
 
@@ -98,7 +112,7 @@ def measure_launch_overhead(launches: int = 2000, device: str = "cuda") -> dict[
         for _ in range(launches):
             x.add_(1.0)
 
-    out = {"eager_us": _median_ms(eager, repeats=5) * 1e3 / launches}
+    out = {"eager_us": _median_ms(eager, 5, device) * 1e3 / launches}
     if device.startswith("cuda"):
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
@@ -108,7 +122,7 @@ def measure_launch_overhead(launches: int = 2000, device: str = "cuda") -> dict[
             with torch.cuda.graph(graph, stream=stream):
                 eager()
         torch.cuda.current_stream().wait_stream(stream)
-        out["graph_us"] = _median_ms(graph.replay, repeats=5) * 1e3 / launches
+        out["graph_us"] = _median_ms(graph.replay, 5, device) * 1e3 / launches
     return out
 
 

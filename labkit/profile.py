@@ -26,7 +26,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from .backends import make_decoder
-from .bench import Stopwatch
+from .hw import Stopwatch
 from .model import Block, HybridLM, RMSNorm, SwiGLU
 from .roofline import step_cost
 
