@@ -165,8 +165,7 @@ def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: 
             count += 1
             if _TENSOR_CORE.search(k.name) and "gemv" not in k.name.lower():
                 tc_us += k.duration
-    device = sorted((e for e in events if e.device_type == gpu and not e.name.startswith(("Memcpy", "Memset"))),
-                    key=lambda e: e.time_range.start)
+    device = sorted((e for e in events if _is_kernel(e)), key=lambda e: e.time_range.start)
     if not count:  # kernels not linked to ops (e.g. launched outside aten): attribute by name
         for e in device:
             dur = e.time_range.end - e.time_range.start
@@ -187,10 +186,23 @@ def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: 
         dur = e.time_range.end - e.time_range.start
         fams = by_kernel.get((e.name, round(dur, 3)))
         spans.append(KernelSpan(e.name, fams.pop(0) if fams else _family_of(None, e.name), e.time_range.start, dur))
-    starts = sorted(e.time_range.start for e in events if e.name == "labkit::step")
+    # the GPU-side copy of the step annotation, where the profiler records one: kernels of the last
+    # step start after it (the CPU-side range opens earlier, while the GPU still runs the step before)
+    marks = [e for e in events if e.name == "labkit::step"]
+    marks = [e for e in marks if e.device_type == gpu] or marks
+    starts = sorted(e.time_range.start for e in marks)
     tail = [sp for sp in spans if starts and sp.start_us >= starts[-1]] or spans
     t0 = tail[0].start_us
     result.timeline = [KernelSpan(sp.name, sp.family, sp.start_us - t0, sp.dur_us) for sp in tail]
+
+
+def _is_kernel(e) -> bool:
+    """A device event that is a kernel: not a copy or memset, and not the GPU-timeline copy of a
+    ``record_function`` range (kineto mirrors user annotations onto the device, where they span
+    whole steps and would count as busy time)."""
+    if e.device_type != torch.autograd.DeviceType.CUDA or e.name.startswith(("Memcpy", "Memset", "labkit::")):
+        return False
+    return not getattr(e, "is_user_annotation", False)
 
 
 def _union_ms(spans: list[tuple[float, float]]) -> float:
@@ -214,20 +226,22 @@ def profile_decode(
 ) -> StepProfile:
     """Profile ``steps`` greedy decode steps after a ``context``-token prefill."""
     cuda = model.device.type == "cuda"
-    cache = model.new_cache(batch, context + warmup + 2 * steps + 1)
+    cache = model.new_cache(batch, context + warmup + 4 * steps + 1)
     decoder = make_decoder(backend, model, cache)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
     token = decoder.prefill(ids.to(model.device)).argmax(-1)
     for _ in range(warmup):
         token = decoder.step(token).argmax(-1)
 
-    # wall time per step, without the profiler's overhead
-    times = []
-    for _ in range(steps):
+    # wall time per step, without the profiler's overhead: runs of back-to-back steps, as a decode
+    # loop issues them (the CPU queues step n+1 while the GPU still runs step n), median of 3
+    runs = []
+    for _ in range(3):
         with Stopwatch(model.device) as sw:
-            token = decoder.step(token).argmax(-1)
-        times.append(sw.ms)
-    step_ms = statistics.median(times)
+            for _ in range(steps):
+                token = decoder.step(token).argmax(-1)
+        runs.append(sw.ms / steps)
+    step_ms = statistics.median(runs)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with _module_scopes(model), profile(activities=activities) as prof:

@@ -35,7 +35,9 @@ def test_gpu_kernels_are_attributed_through_their_launching_ops():
     device = [_kernel("sm90_xmma_gemm_bf16", 10.0, 4.0), _kernel("elementwise_kernel", 20.0, 1.0),
               _kernel("gemv2T_kernel", 30.0, 3.0)]
     step.time_range = NS(start=0.0, end=40.0)
-    events = [step, gdn, proj, core, head, *device]
+    # kineto's GPU-timeline copy of the step's record_function range: not a kernel, not busy time
+    annotation = NS(name="labkit::step", device_type=GPU, time_range=NS(start=5.0, end=45.0), is_user_annotation=True)
+    events = [step, gdn, proj, core, head, annotation, *device]
     fams = dict.fromkeys(["projections", "gdn", "lm_head", "other"], 0.0)
     result = StepProfile("m", "reference", 1, 0, "cuda", step_ms=0.04, kernels_per_step=None, busy_ms=None)
     _attribute_kernels(events, 1, fams, result)

@@ -409,20 +409,39 @@ def run_decode(preset: str, model: labkit.HybridLM, do_time: bool) -> None:
 
 # -- sweep ----------------------------------------------------------------------------------------------
 def sweep_configs(m: int, n: int, k: int, blocks: int) -> list[LinearConfig]:
+    """Candidate blockings; for the GEMV (m == 1) each thread keeps 8..64 float32 accumulators."""
+    cands = []
     if m == 1:
-        cands = [LinearConfig(1, bn, bk, 1, 4, 1) for bn in (2, 4, 8, 16) for bk in (256, 512, 1024)
-                 if k % bk == 0 and bn * bk * blocks <= 16384]
+        whole = min(4096, triton.next_power_of_2(k))
+        for bk in sorted({512, 1024, whole}):
+            iters = math.ceil(k / bk)
+            for bn in (1, 2, 4, 8):
+                for nw in (2, 4, 8):
+                    per_thread = bn * bk * blocks / (32 * nw)
+                    if not 8 <= per_thread <= 64:
+                        continue
+                    splits = [d for d in (1, 2, 3, 4, 6, 8, 9) if iters % d == 0]
+                    fill = [d for d in splits if math.ceil(n / bn) * d >= 4 * 132]
+                    for sk in sorted({1, *(fill[:1] or splits[-1:])}):
+                        cands.append(LinearConfig(1, bn, bk, sk, nw, 1))
     else:
         bucket = max(16, triton.next_power_of_2(m))
-        cands = [LinearConfig(bucket, bn, bk, sk, 4, 3) for bn in (16, 32) for bk in (128, 256) for sk in (1, 2, 4, 8)
-                 if k % (bk * sk) == 0 and math.ceil(n / bn) * sk >= 64]
+        cands = [LinearConfig(bucket, bn, bk, sk, nw, 3) for bn in (16, 32, 64) for bk in (128, 256)
+                 for sk in (1, 2, 4, 8) for nw in (4, 8)
+                 if k % (bk * sk) == 0 and math.ceil(n / bn) * sk >= 64 and bn * bk * blocks <= 16384]
     return cands
 
 
-def run_sweep(preset: str, model: labkit.HybridLM) -> None:
+def run_sweep(preset: str, model: labkit.HybridLM, batches=None, log=None) -> None:
+    """Time every candidate blocking of every projection (and, to see what the RMSNorm prologue
+    costs, the normed ones once more without it); print and append each winner to ``log``."""
     cfg = model.cfg
-    for batch in BATCHES:
-        for name, w, kw in linear_shapes(model):
+    shapes = linear_shapes(model)
+    shapes += [(name.replace("+norm", "") + " (no norm)", w, {**kw, "norm_weight": None})
+               for name, w, kw in shapes if "norm_weight" in kw and not name.startswith("lm_head")]
+    shapes = [sh for sh in shapes if not sh[0].startswith("lm_head")]  # 76-87% of HBM already, and slow to sweep
+    for batch in batches or BATCHES:
+        for name, w, kw in shapes:
             with guard(f"sweep {preset} B={batch} {name}"):
                 rows, k = w.shape
                 swiglu = kw.get("swiglu", False)
@@ -441,16 +460,26 @@ def run_sweep(preset: str, model: labkit.HybridLM) -> None:
                               norm_unit_offset=cfg.norm_unit_offset, swiglu=swiglu, short_conv=short_conv)
                 default = linear_config(batch, n, k, row_blocks=blocks)
                 results = []
+                t0 = time.time()
                 for c in [default] + [c for c in sweep_configs(batch, n, k, blocks) if c != default]:
-                    ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, c, blocks), DEVICE)
-                    us = bench(lambda: [linear(x, wi, out=y if h is None else None, residual=h, config=c, workspace=ws,
-                                               **common) for wi in ws_], copies, reps=7)
-                    results.append((us, c))
+                    with guard(f"sweep {preset} B={batch} {name} {c}"):
+                        ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, c, blocks), DEVICE)
+                        us = bench(lambda: [linear(x, wi, out=y if h is None else None, residual=h, config=c,
+                                                   workspace=ws, **common) for wi in ws_], copies, reps=7)
+                        results.append((us, c))
                 best_us, best = min(results, key=lambda r: r[0])
                 default_us = results[0][0]
-                RESULTS["sweep"].append({"preset": preset, "batch": batch, "op": name, "n": n, "k": k, "row_blocks": blocks,
-                                         "best": repr(best), "best_us": best_us, "default": repr(default), "default_us": default_us})
-                print(f"  {preset} B={batch} {name:28s} default {default_us:7.2f} µs  best {best_us:7.2f} µs  {best}")
+                nbytes = w.numel() * w.element_size()
+                row = {"preset": preset, "batch": batch, "op": name, "n": n, "k": k, "row_blocks": blocks,
+                       "bytes": nbytes, "best": repr(best), "best_us": best_us, "best_of_hbm": nbytes / best_us / 1e-6 / HBM_BYTES_PER_S,
+                       "default": repr(default), "default_us": default_us, "candidates": len(results),
+                       "all": sorted([(round(u, 3), repr(c)) for u, c in results])[:8]}
+                RESULTS["sweep"].append(row)
+                if log is not None:
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                print(f"  {preset} B={batch} {name:34s} default {default_us:7.2f} µs  best {best_us:7.2f} µs "
+                      f"({row['best_of_hbm']:.0%} HBM, {len(results)} configs, {time.time() - t0:.0f} s)  {best}")
                 del ws_
 
 
@@ -490,6 +519,8 @@ def main() -> int:
     global L2_BYTES, DEVICE, BATCHES
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="also sweep linear configs (slow)")
+    parser.add_argument("--sweep-only", action="store_true", help="only the sweep (results stream to $OUT/sweep.jsonl)")
+    parser.add_argument("--batches", nargs="*", type=int, help="batches to run (default 1 16)")
     parser.add_argument("--no-time", action="store_true", help="correctness only")
     parser.add_argument("--presets", nargs="*", default=list(PRESETS))
     parser.add_argument("--dry-run-cpu", action="store_true",
@@ -506,6 +537,17 @@ def main() -> int:
         L2_BYTES = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
         RESULTS.update(device=props.name, sms=props.multi_processor_count, l2_bytes=L2_BYTES)
         print(f"{props.name}: {props.multi_processor_count} SMs, L2 {L2_BYTES / 2**20:.0f} MiB")
+    if args.batches:
+        BATCHES = tuple(args.batches)
+    if args.sweep_only:
+        out_dir = os.environ.get("OUT", ".")
+        with open(Path(out_dir) / "sweep.jsonl", "a") as log:
+            for preset in args.presets:
+                model = labkit.build(preset, dtype=torch.bfloat16, device=DEVICE, seed=0)
+                run_sweep(preset, model, log=log)
+                del model
+        print_table()
+        return 0
     RESULTS.update(torch=torch.__version__, triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"),
                    argv=sys.argv[1:])
     print(f"torch {torch.__version__}, triton {triton.__version__}")

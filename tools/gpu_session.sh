@@ -3,29 +3,45 @@
 #   notebooks  execute the notebooks (SAVE_RESULTS=True) into build/       (~3 min for 00 + 01)
 #   train      train both byte-level checkpoints concurrently              (~4 min with the default budget)
 #   fused      tools/gpu_fused_check.py: every kernel checked and timed     (~1.5 min)
-# e.g. STAGES="fused train" bash tools/gpu_session.sh
+#   sweep      linear-kernel blockings swept, streamed to $OUT/sweep.jsonl (as long as SWEEP_TIMEOUT allows)
+#   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
+# GPU=1 runs on the second GPU of a two-GPU machine; two sessions on two GPUs may run side by side:
+#   (GPU=1 STAGES="train sweep" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks fused" bash tools/gpu_session.sh; wait
 source tools/gpu_env.sh
-exec > >(tee $OUT/session.log) 2>&1
+GPU=${GPU:-0}
+export CUDA_VISIBLE_DEVICES=$GPU
+exec > >(tee $OUT/session-gpu$GPU.log) 2>&1
 STAGES=${STAGES:-notebooks train fused}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+nvidia-smi -i $GPU --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 git log -1 --format=%h 2>/dev/null
 for stage in $STAGES; do
-  date -u; echo "== $stage"
+  date -u; echo "== $stage (GPU $GPU)"
   case $stage in
     notebooks)
-      timeout ${NB_TIMEOUT:-300} python3 -m labkit notebooks --out build -p SAVE_RESULTS=True
+      timeout ${NB_TIMEOUT:-300} python3 -m labkit notebooks --out build ${NB_ONLY:+--only $NB_ONLY} -p SAVE_RESULTS=True
       tar czf $OUT/notebooks.tgz build data/bench ;;
     train)
       for family in lfm2 qwen3.5; do
         timeout ${TRAIN_TIMEOUT:-260} python3 -m labkit train-tiny --family $family --device cuda \
-          --time-budget-s ${TRAIN_BUDGET_S:-180} --no-progress > $OUT/train-$family.log 2>&1 &
+          --time-budget-s ${TRAIN_BUDGET_S:-180} ${TRAIN_ARGS:-} --no-progress > $OUT/train-$family.log 2>&1 &
+        pids="$pids $!"
       done
-      wait
+      wait $pids  # not a bare wait: that would also wait for the tee above, forever
+      tail -n 4 $OUT/train-*.log
       tar czf $OUT/checkpoints.tgz data/checkpoints ;;
     fused)
       PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${FUSED_TIMEOUT:-220} python3 tools/gpu_fused_check.py > $OUT/fused_check.log 2>&1
       tail -60 $OUT/fused_check.log ;;
+    sweep)
+      timeout ${SWEEP_TIMEOUT:-300} python3 tools/gpu_fused_check.py --sweep-only --batches ${SWEEP_BATCHES:-1 16} \
+        > $OUT/sweep.log 2>&1
+      grep -a "best" $OUT/sweep.log | tail -40 ;;
+    compile)
+      timeout ${COMPILE_TIMEOUT:-200} python3 -m labkit bench decode --impls transformers transformers+compile \
+        --batch 1 16 --repeats 3 --name compile-peer-decode > $OUT/compile.log 2>&1
+      tail -20 $OUT/compile.log
+      tar czf $OUT/compile.tgz data/bench ;;
   esac
 done
 date -u

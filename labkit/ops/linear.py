@@ -316,7 +316,20 @@ def m_bucket(m: int) -> int:
 
 # Measured winners, keyed by (m_bucket(M), N outputs per row block, K, row blocks). Filled from the
 # sweep that tools/gpu_fused_check.py prints on a GPU; anything missing falls back to the heuristic.
-TUNED: dict[tuple[int, int, int, int], LinearConfig] = {}
+TUNED: dict[tuple[int, int, int, int], LinearConfig] = {
+    # H200, batch 1, each op alone in a CUDA graph with its weights cold in L2 (heuristic -> tuned):
+    # tools/gpu_fused_check.py --sweep-only --batches 1, 2026-11-29; data/bench/nvidia-h200/linear-sweep.json
+    (1, 1024, 1024, 3): LinearConfig(1, 4, 1024, 1, 8, 1),  # lfm2-350m conv.in_proj+norm+short_conv: 6.05 -> 5.27 µs
+    (1, 1024, 1024, 1): LinearConfig(1, 8, 1024, 1, 8, 1),  # lfm2-350m conv.out_proj+residual / attention.wo+residual: 3.38 -> 2.85 µs
+    (1, 2048, 1024, 1): LinearConfig(1, 4, 1024, 1, 8, 1),  # lfm2-350m attention.wqkv+norm: 3.98 -> 3.73 µs
+    (1, 4608, 1024, 2): LinearConfig(1, 4, 512, 1, 2, 1),  # lfm2-350m mlp.gate_up+norm+swiglu: 9.97 -> 8.89 µs
+    (1, 1024, 4608, 1): LinearConfig(1, 4, 4096, 1, 8, 1),  # lfm2-350m mlp.down+residual: 6.74 -> 5.69 µs
+    (1, 8224, 1024, 1): LinearConfig(1, 4, 1024, 1, 2, 1),  # qwen3.5-0.8b gdn.in_proj+norm: 9.71 -> 8.21 µs
+    (1, 1024, 2048, 1): LinearConfig(1, 8, 1024, 1, 8, 1),  # qwen3.5-0.8b attention.wo+residual: 4.63 -> 3.73 µs
+    (1, 5120, 1024, 1): LinearConfig(1, 8, 512, 1, 4, 1),  # qwen3.5-0.8b attention.wqkv+norm: 8.03 -> 5.59 µs
+    (1, 3584, 1024, 2): LinearConfig(1, 4, 512, 1, 4, 1),  # qwen3.5-0.8b mlp.gate_up+norm+swiglu: 9.21 -> 6.96 µs
+    (1, 1024, 3584, 1): LinearConfig(1, 4, 4096, 1, 8, 1),  # qwen3.5-0.8b mlp.down+residual: 6.05 -> 4.54 µs
+}
 
 
 def _split(tiles: int, iters: int, target: int, cap: int = 16) -> int:
