@@ -99,3 +99,24 @@ def cpu_environment() -> None:
     """Kernels need Triton's interpreter where there is no GPU; set it before triton is imported."""
     if default_device() == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def default_models(on_gpu: bool) -> list[str]:
+    """What ``MODELS = "auto"`` means: the real presets on a GPU; on a CPU the shipped byte-level
+    checkpoints (trained, so their text is readable) where present, else the tiny random presets."""
+    if on_gpu:
+        return ["lfm2-350m", "qwen3.5-0.8b"]
+    from .checkpoints import available_checkpoints
+
+    return available_checkpoints() or ["tiny-lfm2", "tiny-qwen3.5"]
+
+
+def load_model(name: str, dtype, device: str, seed: int = 0):
+    """A shipped checkpoint by name (``labkit.checkpoints.CHECKPOINTS``), else a preset with seeded
+    random weights (``labkit.build``)."""
+    import labkit
+    from .checkpoints import CHECKPOINTS, checkpoint_path
+
+    if name in CHECKPOINTS:
+        return labkit.load(checkpoint_path(name), dtype=dtype, device=device)
+    return labkit.build(name, dtype=dtype, device=device, seed=seed)

@@ -143,53 +143,41 @@ def _family_of(op, kernel_name: str | None = None) -> str:
 def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: StepProfile) -> None:
     """Device time per family, kernel count, busy time, tensor-core share and the last step's timeline.
 
-    Each aten op carries the kernels it launched (``FunctionEvent.kernels``: name and duration); its
-    parent chain gives the family. The kernels' own device events give start times, for the busy
-    time and the timeline; they are matched back to their family by (name, duration), which needs
-    no version-specific correlation field of the profiler.
+    The device's kernel events are the ground truth (count, start, duration). Each one launched by
+    an aten op is found among that op's kernels (``FunctionEvent.kernels``: name and duration;
+    matched by both, which needs no version-specific correlation field of the profiler), and the
+    op's chain of parent scopes gives its family; a kernel launched outside aten (Triton's, in the
+    fused backends) gets its family from its name.
     """
-    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    by_kernel: dict[tuple[str, float], list[str]] = {}
-    tc_us = total_us = 0.0
-    count = 0
+    cpu = torch.autograd.DeviceType.CPU
+    linked: dict[tuple[str, float], list[str]] = {}
     for op in events:
         if op.device_type != cpu:
             continue
         for k in getattr(op, "kernels", []):
-            if k.name.startswith(("Memcpy", "Memset")):
-                continue
-            fam = _family_of(op, k.name)
-            family_ms[fam] += k.duration / 1e3 / steps
-            by_kernel.setdefault((k.name, round(k.duration, 3)), []).append(fam)
-            total_us += k.duration
-            count += 1
-            if _TENSOR_CORE.search(k.name) and "gemv" not in k.name.lower():
-                tc_us += k.duration
+            if not k.name.startswith(("Memcpy", "Memset")):
+                linked.setdefault((k.name, round(k.duration, 3)), []).append(_family_of(op, k.name))
     device = sorted((e for e in events if _is_kernel(e)), key=lambda e: e.time_range.start)
-    if not count:  # kernels not linked to ops (e.g. launched outside aten): attribute by name
-        for e in device:
-            dur = e.time_range.end - e.time_range.start
-            fam = _family_of(None, e.name)
-            family_ms[fam] += dur / 1e3 / steps
-            by_kernel.setdefault((e.name, round(dur, 3)), []).append(fam)
-            total_us += dur
-            if _TENSOR_CORE.search(e.name) and "gemv" not in e.name.lower():
-                tc_us += dur
-        count = len(device)
-    result.kernels_per_step = count / steps
+    tc_us = total_us = 0.0
+    spans = []
+    for e in device:
+        dur = e.time_range.end - e.time_range.start
+        fams = linked.get((e.name, round(dur, 3)))
+        fam = fams.pop(0) if fams else _family_of(None, e.name)
+        family_ms[fam] += dur / 1e3 / steps
+        total_us += dur
+        if _TENSOR_CORE.search(e.name) and "gemv" not in e.name.lower():
+            tc_us += dur
+        spans.append(KernelSpan(e.name, fam, e.time_range.start, dur))
+    result.kernels_per_step = len(device) / steps
     result.tensor_core_share = tc_us / total_us if total_us else None
     if not device:
         return
     result.busy_ms = _union_ms([(e.time_range.start, e.time_range.end) for e in device]) / steps
-    spans = []
-    for e in device:
-        dur = e.time_range.end - e.time_range.start
-        fams = by_kernel.get((e.name, round(dur, 3)))
-        spans.append(KernelSpan(e.name, fams.pop(0) if fams else _family_of(None, e.name), e.time_range.start, dur))
     # the GPU-side copy of the step annotation, where the profiler records one: kernels of the last
     # step start after it (the CPU-side range opens earlier, while the GPU still runs the step before)
     marks = [e for e in events if e.name == "labkit::step"]
-    marks = [e for e in marks if e.device_type == gpu] or marks
+    marks = [e for e in marks if e.device_type != cpu] or marks
     starts = sorted(e.time_range.start for e in marks)
     tail = [sp for sp in spans if starts and sp.start_us >= starts[-1]] or spans
     t0 = tail[0].start_us

@@ -47,3 +47,16 @@ def test_gpu_kernels_are_attributed_through_their_launching_ops():
     assert result.tensor_core_share == 0.5  # the gemm, not the gemv
     assert [s.family for s in result.timeline] == ["projections", "gdn", "lm_head"]
     assert result.timeline[0].start_us == 0.0
+
+
+def test_kernels_launched_outside_aten_are_counted_and_named():
+    # the fused backends launch Triton kernels directly: no aten op carries them
+    embed = _op("aten::embedding", None, [NS(name="indexSelectSmallIndex", duration=1.0)])
+    device = [_kernel("indexSelectSmallIndex", 0.0, 1.0), _kernel("_linear_kernel", 2.0, 5.0),
+              _kernel("_gdn_decode_kernel", 8.0, 2.0), _kernel("_linear_kernel", 11.0, 3.0)]
+    fams = dict.fromkeys(["projections", "gdn", "other", "embedding"], 0.0)
+    result = StepProfile("m", "fused", 1, 0, "cuda", step_ms=0.02, kernels_per_step=None, busy_ms=None)
+    _attribute_kernels([embed, *device], 1, fams, result)
+    assert result.kernels_per_step == 4
+    assert fams["projections"] == 0.008 and fams["gdn"] == 0.002 and fams["other"] == 0.001
+    assert abs(result.busy_ms - 0.011) < 1e-12 and abs(result.idle_ms - 0.009) < 1e-12

@@ -42,6 +42,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import labkit  # noqa: E402
+from labkit import opbench  # noqa: E402
 from labkit.backends import make_decoder  # noqa: E402
 from labkit.ops.attention_decode import (  # noqa: E402
     AttentionDims, AttentionWorkspace, attention_chunk, attention_decode, attention_decode_ref,
@@ -84,38 +85,16 @@ def check(preset: str, batch: int, what: str, err: float, bound: float, **extra)
     print(f"  [{'ok' if ok else 'FAIL'}] {preset:13s} B={batch:<3d} {what:42s} rel err {err:.2e} (bound {bound:.0e})")
 
 
-# -- timing -------------------------------------------------------------------------------------------
+# -- timing: labkit.opbench's graph timer (each op inside a CUDA graph, operands cold in L2) --------
 L2_BYTES = 0
 
 
-def copies_for(nbytes: int, cap: int = 64) -> int:
-    """How many copies to rotate over so that the working set is ~3x the L2 cache."""
-    return max(1, min(cap, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
+def copies_for(nbytes: int) -> int:
+    return opbench.copies_for(nbytes, DEVICE)
 
 
 def bench(calls, n_calls: int, reps: int = 15) -> float:
-    """µs per call: ``calls()`` launches ``n_calls`` ops; captured once in a CUDA graph, replayed
-    ``reps`` times (median), so each call pays what it pays inside the decode graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        calls()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        calls()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / n_calls)
-    del graph
-    return statistics.median(times)
+    return opbench.graph_us(calls, n_calls, reps)
 
 
 def record_op(preset: str, batch: int, op: str, impl: str, us: float, nbytes: int, **extra) -> None:
@@ -127,26 +106,8 @@ def record_op(preset: str, batch: int, op: str, impl: str, us: float, nbytes: in
 
 # -- the ops of one preset ---------------------------------------------------------------------------
 def linear_shapes(model: labkit.HybridLM) -> list[tuple[str, torch.Tensor, dict]]:
-    """(name, weight, linear kwargs) for every distinct projection of a decode step (first layer of each kind)."""
-    out, seen = [], set()
-    for i, block in enumerate(model.layers):
-        kind = block.kind
-        if kind in seen:
-            continue
-        seen.add(kind)
-        m = block.mixer
-        w_in = {"conv": "in_proj", "attention": "wqkv", "gdn": "in_proj"}[kind]
-        w_out = {"conv": "out_proj", "attention": "wo", "gdn": "out_proj"}[kind]
-        if kind == "conv":  # what the fused backend runs: in_proj with the short conv as its epilogue
-            out.append((f"{kind}.{w_in}+norm+short_conv", getattr(m, w_in),
-                        {"norm_weight": block.mixer_norm.weight, "short_conv": m.conv_weight}))
-        out.append((f"{kind}.{w_in}+norm", getattr(m, w_in), {"norm_weight": block.mixer_norm.weight}))
-        out.append((f"{kind}.{w_out}+residual", getattr(m, w_out), {"residual": True}))
-    block = model.layers[0]
-    out.append(("mlp.gate_up+norm+swiglu", block.mlp.gate_up, {"norm_weight": block.mlp_norm.weight, "swiglu": True}))
-    out.append(("mlp.down+residual", block.mlp.down, {"residual": True}))
-    out.append(("lm_head+norm", model.lm_head_weight, {"norm_weight": model.final_norm.weight}))
-    return out
+    """(name, weight, linear kwargs) for every distinct projection of a decode step (labkit.opbench)."""
+    return [(c.name, c.weight, c.kwargs()) for c in opbench.linear_cases(model)]
 
 
 def run_linear(preset: str, model: labkit.HybridLM, batch: int, do_time: bool) -> None:
@@ -438,7 +399,7 @@ def run_sweep(preset: str, model: labkit.HybridLM, batches=None, log=None) -> No
     cfg = model.cfg
     shapes = linear_shapes(model)
     shapes += [(name.replace("+norm", "") + " (no norm)", w, {**kw, "norm_weight": None})
-               for name, w, kw in shapes if "norm_weight" in kw and not name.startswith("lm_head")]
+               for name, w, kw in shapes if kw.get("norm_weight") is not None and not name.startswith("lm_head")]
     shapes = [sh for sh in shapes if not sh[0].startswith("lm_head")]  # 76-87% of HBM already, and slow to sweep
     for batch in batches or BATCHES:
         for name, w, kw in shapes:

@@ -1,6 +1,6 @@
 # One GPU call made of stages, each under its own time limit; logs, executed notebooks, results and
 # checkpoints go to $OUT even if a stage runs out of time. Choose stages with STAGES (default: all):
-#   notebooks  execute the notebooks (SAVE_RESULTS=True) into build/       (~3 min for 00 + 01)
+#   notebooks  execute the notebooks (SAVE_RESULTS=True) into build/       (~3 min for 00 + 01, NB_ONLY, NB_FLA)
 #   train      train both byte-level checkpoints concurrently              (~4 min with the default budget)
 #   fused      tools/gpu_fused_check.py: every kernel checked and timed     (~1.5 min)
 #   sweep      linear-kernel blockings swept, streamed to $OUT/sweep.jsonl (as long as SWEEP_TIMEOUT allows)
@@ -19,8 +19,11 @@ for stage in $STAGES; do
   date -u; echo "== $stage (GPU $GPU)"
   case $stage in
     notebooks)
-      timeout ${NB_TIMEOUT:-300} python3 -m labkit notebooks --out build ${NB_ONLY:+--only $NB_ONLY} -p SAVE_RESULTS=True
-      tar czf $OUT/notebooks.tgz build data/bench ;;
+      # NB_ONLY="02" runs a subset; NB_FLA=1 lets the kernels import fla (the GDN peer of notebook 02;
+      # left out of 00/01, where transformers would pick it up and change its own baseline)
+      PYTHONPATH="$PYTHONPATH${NB_FLA:+:/tmp/fla}" timeout ${NB_TIMEOUT:-300} python3 -m labkit notebooks --out build \
+        ${NB_ONLY:+--only $NB_ONLY} -p SAVE_RESULTS=True
+      tar czf $OUT/notebooks-$(echo ${NB_ONLY:-all} | tr ' ' '_').tgz build data/bench ;;
     train)
       for family in lfm2 qwen3.5; do
         timeout ${TRAIN_TIMEOUT:-260} python3 -m labkit train-tiny --family $family --device cuda \
