@@ -89,8 +89,8 @@ def check(preset: str, batch: int, what: str, err: float, bound: float, **extra)
 L2_BYTES = 0
 
 
-def copies_for(nbytes: int) -> int:
-    return opbench.copies_for(nbytes, DEVICE)
+def copies_for(nbytes: int, cap: int = 64) -> int:
+    return opbench.copies_for(nbytes, DEVICE, cap)
 
 
 def bench(calls, n_calls: int, reps: int = 15) -> float:

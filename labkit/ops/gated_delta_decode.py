@@ -222,13 +222,20 @@ class GdnWorkspace:
 
 
 def gdn_block_v(batch: int, dims: GdnDims) -> int:
-    """Value columns per program: split heads until there are ~2 programs per SM (at least 8 columns)."""
+    """Value columns per program.
+
+    Measured on the H200 (notebook 02; data/bench/nvidia-h200/fused-ops.json, "gdn_block_v"), for
+    128 x 128 heads: blocks of 16-32 columns (8-16 KB of float32 state per program) beat finer
+    splits, which repeat the per-head work (gates, q/k norms) in more programs, and whole heads,
+    whose 64 KB of state leaves room for few programs per SM. So: 32 columns where that still
+    gives ~2 programs per SM, else 16.
+    """
+    whole = next_pow2(dims.v_head_dim)
     if interpreting():
-        return next_pow2(dims.v_head_dim)
-    block = next_pow2(dims.v_head_dim)
-    while block > 8 and batch * dims.num_v_heads * cdiv(dims.v_head_dim, block) < 2 * num_sms():
-        block //= 2
-    return block
+        return whole
+    if batch * dims.num_v_heads * cdiv(dims.v_head_dim, 32) >= 2 * num_sms():
+        return min(32, whole)
+    return min(16, whole)
 
 
 def gdn_decode(
