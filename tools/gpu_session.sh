@@ -1,7 +1,7 @@
 # One GPU call made of stages, each under its own time limit; logs, executed notebooks, results and
 # checkpoints go to $OUT even if a stage runs out of time. Choose stages with STAGES (default: all):
 #   notebooks  execute the notebooks (SAVE_RESULTS=True) into build/       (~3 min for 00 + 01, NB_ONLY, NB_FLA)
-#   train      train both byte-level checkpoints concurrently              (~4 min with the default budget)
+#   train      train both byte-level checkpoints concurrently; $OUT/ck-<name>.tar each (~2 min with TRAIN_ARGS="--steps 500")
 #   fused      tools/gpu_fused_check.py: every kernel checked and timed     (~1.5 min)
 #   sweep      linear-kernel blockings swept, streamed to $OUT/sweep.jsonl (as long as SWEEP_TIMEOUT allows)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
@@ -32,7 +32,9 @@ for stage in $STAGES; do
       done
       wait $pids  # not a bare wait: that would also wait for the tee above, forever
       tail -n 4 $OUT/train-*.log
-      tar czf $OUT/checkpoints.tgz data/checkpoints ;;
+      # one file per checkpoint: a file coming back from the device machine may be 16 MiB at most,
+      # and the two (14 MB of bf16 weights each) do not fit in one
+      for ck in data/checkpoints/*/; do tar cf $OUT/ck-$(basename $ck).tar -C data/checkpoints $(basename $ck); done ;;
     fused)
       PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${FUSED_TIMEOUT:-220} python3 tools/gpu_fused_check.py > $OUT/fused_check.log 2>&1
       tail -60 $OUT/fused_check.log ;;
