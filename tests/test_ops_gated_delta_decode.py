@@ -82,3 +82,17 @@ def test_bad_inputs_are_refused(device):
         gdn_decode(*args, dims, 1e-6, workspace=GdnWorkspace.allocate(2, dims, device))
     with pytest.raises(ValueError, match="eps"):
         gdn_decode(*args, dims, -1.0)
+
+
+def test_block_v_follows_the_h200_measurement(monkeypatch):
+    """On a GPU (not in the interpreter): 16 state columns per program where 32 would leave fewer
+    than ~2 programs per SM, else 32; never more than the (power-of-two padded) head."""
+    import labkit.ops.gated_delta_decode as gdd
+
+    monkeypatch.setattr(gdd, "interpreting", lambda: False)
+    monkeypatch.setattr(gdd, "num_sms", lambda: 132)
+    qwen = GdnDims(16, 16, 128, 128)
+    assert gdd.gdn_block_v(1, qwen) == 16  # 64 programs of 32 columns: too few
+    assert gdd.gdn_block_v(16, qwen) == 32  # 1,024 programs of 32 columns
+    assert gdd.gdn_block_v(64, GdnDims(2, 2, 8, 12)) == 16  # a head of 12 columns, padded to 16
+    assert gdd.gdn_block_v(1, GdnDims(2, 2, 8, 8)) == 8
