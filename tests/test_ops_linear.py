@@ -104,9 +104,11 @@ def test_split_k_counters_reset_and_results_repeat(device):
 
 
 def test_gpu_heuristic_fills_the_gpu_at_real_shapes(monkeypatch):
-    """The non-interpreter configs: valid, no K masks, and enough programs for 132 SMs."""
+    """The non-interpreter heuristic (the measured table set aside): valid configs, no K masks,
+    and enough programs for 132 SMs."""
     monkeypatch.setattr(linear_mod, "interpreting", lambda: False)
     monkeypatch.setattr(linear_mod, "num_sms", lambda: 132)
+    monkeypatch.setattr(linear_mod, "TUNED", {})
     shapes = set()
     for name in ("lfm2-350m", "qwen3.5-0.8b"):
         c = PRESETS[name]
@@ -171,3 +173,18 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     x, w, _, _ = _data(1, 37, 72, torch.float32, "cpu")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         linear(x, w)
+
+
+def test_tuned_table_is_used_and_consistent(monkeypatch):
+    """Entries measured on a GPU replace the heuristic for their shapes; each is a valid blocking
+    of its own key (a K tail is allowed: the kernel masks it, and the GPU check covers it)."""
+    monkeypatch.setattr(linear_mod, "interpreting", lambda: False)
+    assert linear_mod.TUNED, "the table holds the H200 sweep's winners"
+    for (bucket, n, k, row_blocks), cfg in linear_mod.TUNED.items():
+        assert linear_config(bucket, n, k, row_blocks=row_blocks) is cfg
+        assert cfg.block_m == bucket and linear_mod.m_bucket(bucket) == bucket
+        assert cfg.block_k <= triton_next_pow2(k) and math.ceil(k / cfg.block_k) % cfg.split_k == 0, cfg
+
+
+def triton_next_pow2(v: int) -> int:
+    return 1 << (v - 1).bit_length()
