@@ -105,27 +105,20 @@ def record_op(preset: str, batch: int, op: str, impl: str, us: float, nbytes: in
 
 
 # -- the ops of one preset ---------------------------------------------------------------------------
-def linear_shapes(model: labkit.HybridLM) -> list[tuple[str, torch.Tensor, dict]]:
-    """(name, weight, linear kwargs) for every distinct projection of a decode step (labkit.opbench)."""
-    return [(c.name, c.weight, c.kwargs()) for c in opbench.linear_cases(model)]
-
-
 def run_linear(preset: str, model: labkit.HybridLM, batch: int, do_time: bool) -> None:
     cfg = model.cfg
     gen = torch.Generator(device=DEVICE).manual_seed(batch)
-    for name, w, kw in linear_shapes(model):
+    for case in opbench.linear_cases(model):
+        name, w = case.name, case.weight
         with guard(f"{preset} B={batch} linear {name}"):
             rows, k = w.shape
-            swiglu = kw.get("swiglu", False)
-            conv_w = kw.get("short_conv")
-            blocks = 2 if swiglu else 3 if conv_w is not None else 1
-            n = rows // blocks
+            swiglu, conv_w, blocks, n = case.swiglu, case.conv_weight, case.row_blocks, case.outputs
             x = torch.randn(batch, k, device=DEVICE, dtype=w.dtype, generator=gen)
-            res = torch.randn(batch, n, device=DEVICE, dtype=w.dtype, generator=gen) if kw.get("residual") else None
+            res = torch.randn(batch, n, device=DEVICE, dtype=w.dtype, generator=gen) if case.residual else None
             state = None
             if conv_w is not None:
                 state = torch.randn(batch, conv_w.shape[1] - 1, n, device=DEVICE, dtype=w.dtype, generator=gen)
-            norm = kw.get("norm_weight")
+            norm = case.norm_weight
             config = linear_config(batch, n, k, row_blocks=blocks)
             ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, config, blocks), DEVICE)
             common = dict(norm_weight=norm, norm_eps=cfg.norm_eps, norm_unit_offset=cfg.norm_unit_offset, swiglu=swiglu)
@@ -397,27 +390,23 @@ def run_sweep(preset: str, model: labkit.HybridLM, batches=None, log=None) -> No
     """Time every candidate blocking of every projection (and, to see what the RMSNorm prologue
     costs, the normed ones once more without it); print and append each winner to ``log``."""
     cfg = model.cfg
-    shapes = linear_shapes(model)
-    shapes += [(name.replace("+norm", "") + " (no norm)", w, {**kw, "norm_weight": None})
-               for name, w, kw in shapes if kw.get("norm_weight") is not None and not name.startswith("lm_head")]
-    shapes = [sh for sh in shapes if not sh[0].startswith("lm_head")]  # 76-87% of HBM already, and slow to sweep
+    cases = opbench.linear_cases(model, lm_head=False)  # the head is at 76-87% of HBM already, and slow to sweep
+    cases += [c.without_norm() for c in cases if c.norm_weight is not None]
     for batch in batches or BATCHES:
-        for name, w, kw in shapes:
+        for case in cases:
+            name, w = case.name, case.weight
             with guard(f"sweep {preset} B={batch} {name}"):
-                rows, k = w.shape
-                swiglu = kw.get("swiglu", False)
-                conv_w = kw.get("short_conv")
-                blocks = 2 if swiglu else 3 if conv_w is not None else 1
-                n = rows // blocks
+                k = w.shape[1]
+                swiglu, conv_w, blocks, n = case.swiglu, case.conv_weight, case.row_blocks, case.outputs
                 x = torch.randn(batch, k, dtype=w.dtype, device=DEVICE)
-                h = torch.randn(batch, n, dtype=w.dtype, device=DEVICE) if kw.get("residual") else None
+                h = torch.randn(batch, n, dtype=w.dtype, device=DEVICE) if case.residual else None
                 y = torch.empty(batch, n, dtype=w.dtype, device=DEVICE)
                 copies = copies_for(w.numel() * 2)
                 ws_ = [w] + [w.clone() for _ in range(copies - 1)]
                 short_conv = None
                 if conv_w is not None:
                     short_conv = (torch.zeros(batch, conv_w.shape[1] - 1, n, dtype=w.dtype, device=DEVICE), conv_w)
-                common = dict(norm_weight=kw.get("norm_weight"), norm_eps=cfg.norm_eps,
+                common = dict(norm_weight=case.norm_weight, norm_eps=cfg.norm_eps,
                               norm_unit_offset=cfg.norm_unit_offset, swiglu=swiglu, short_conv=short_conv)
                 default = linear_config(batch, n, k, row_blocks=blocks)
                 results = []
