@@ -1,7 +1,9 @@
 """Train small byte-level models of both families on text every Python machine has.
 
-    python -m labkit train-tiny --family lfm2       # -> data/checkpoints/byte-lfm2-6m    (H200: ~30 s)
-    python -m labkit train-tiny --family qwen3.5    # -> data/checkpoints/byte-qwen3.5-6m (H200: ~80 s)
+    python -m labkit train-tiny --family lfm2       # -> data/checkpoints/byte-lfm2-6m    (H200: ~2 min)
+    python -m labkit train-tiny --family qwen3.5    # -> data/checkpoints/byte-qwen3.5-6m (H200: ~4 min)
+    python -m labkit train-tiny --export-corpus build/corpus     # this Python's corpus, to train on elsewhere
+    python -m labkit train-tiny --family lfm2 --corpus-root build/corpus
 
 The point is a checkpoint that generates recognisable text offline, for the workbook's decode
 experiments; these are toy models, not useful language models.
@@ -10,13 +12,17 @@ Corpus. The ``.py`` files of the Python standard library of the interpreter that
 (``sysconfig.get_paths()["stdlib"]``), distributed with Python under the PSF License Agreement.
 Files under the top-level ``site-packages/``, ``dist-packages/`` (third-party code) and
 ``encodings/`` (mostly generated codec tables) are left out; the test suite is kept (about half of
-the bytes, and ordinary Python). Files are taken in sorted order of their relative POSIX path; a
-file is held out when the first 8 bytes of sha256(relative path), read as a big-endian integer,
-are < ``HELDOUT_PERCENT`` mod 100, so the split of a file does not depend on the Python version.
-Each split is one stream of tokens, file after file, each file as ``<bos> bytes <eos>``, capped
-at whole files (``--max-train-bytes``, ``--max-heldout-bytes``). Different Python versions have
-different standard libraries: the record (training.json) keeps the version, file counts, byte
-counts and sha256 of both streams, and the held-out windows the checkpoint tests use.
+the bytes, and ordinary Python). Some installs drop the test suite (Debian's, many containers'):
+``--export-corpus DIR`` copies one interpreter's corpus files to a directory and ``--corpus-root
+DIR`` trains on such a copy anywhere; the shipped checkpoints were trained that way, on CPython
+3.11.7's 30 MB, on an H200 whose own Python had 8.8 MB. Files are taken in sorted order of their
+relative POSIX path; a file is held out when the first 8 bytes of sha256(relative path), read as a
+big-endian integer, are < ``HELDOUT_PERCENT`` mod 100, so the split of a file does not depend on
+the Python version. Each split is one stream of tokens, file after file, each file as ``<bos>
+bytes <eos>``, capped at whole files (``--max-train-bytes``, ``--max-heldout-bytes``). Different
+Python versions have different standard libraries: the record (training.json) keeps the version,
+file counts, byte counts and sha256 of both streams, and the held-out windows the checkpoint tests
+use.
 
 Training. Random crops of ``seq + 1`` tokens from the train stream (a seeded generator on the
 training device), next-token cross-entropy, AdamW (betas 0.9/0.95, weight decay on matrices only),
@@ -24,10 +30,11 @@ linear warmup then cosine decay to ``min_lr_ratio * lr``, gradient clipping, bf1
 CUDA and float32 on the CPU. With ``--time-budget-s`` the schedule runs on whichever is further
 along, steps or wall time, so the learning rate has decayed when the budget ends the run (such a
 run is not step-for-step reproducible; one bounded by ``--steps`` alone is on a CPU, and on a GPU
-up to the order of its atomic reductions: two H200 runs of 500 steps ended at held-out 1.084 and
-1.090 nats/byte). The default of 500 steps (33 M tokens, about 4 passes over the training split
-of a standard library without its test suite, 8.8 MB) is where the held-out loss stopped falling
-on the H200: a 1,585-step run ended at 1.28.
+up to the order of its atomic reductions). The default of 1,600 steps (105 M tokens, about 3.6
+passes over CPython 3.11's training split, 28.9 MB) is where the held-out loss stopped falling on
+the H200: LFM2 reached 0.998 bits/byte after 1,600 steps and 1.018 after 3,000. (On a standard
+library without its test suite, 8.8 MB, the best was about 1.57 bits/byte, after 500 steps; more
+overfit, and greedy text fell into runs of spaces.)
 
 Evaluation. Held-out loss in nats per token (= per byte but for the two specials per file) and
 bits per byte, on ``--eval-windows`` windows of ``seq + 1`` tokens at evenly spaced offsets of the
@@ -205,6 +212,34 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+CORPUS_MANIFEST = "CORPUS.json"
+
+
+def export_corpus(dest: str | Path, root: Path | None = None) -> dict[str, Any]:
+    """Copy this interpreter's corpus files (the same selection ``load_corpus`` makes) to ``dest``,
+    with a ``CORPUS.json`` naming the Python they came from; ``--corpus-root dest`` then trains on
+    them anywhere. Why: installs differ (some, e.g. Debian's and many containers', drop the test
+    suite, half the bytes), and the shipped checkpoints are trained on a whole standard library."""
+    root = Path(root) if root is not None else stdlib_root()
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and is not empty; export into a new directory")
+    files = corpus_files(root)
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((root / rel).read_bytes())
+    manifest = {
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "stdlib_root": str(root),
+        "files": len(files),
+        "bytes": sum((root / rel).stat().st_size for rel in files),
+    }
+    (dest / CORPUS_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
 def is_heldout(relpath: str, percent: int = HELDOUT_PERCENT) -> bool:
     digest = hashlib.sha256(relpath.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % 100 < percent
@@ -249,7 +284,16 @@ def load_corpus(
 ) -> Corpus:
     """The train and held-out token streams of the standard library (see the module docstring)."""
     tok = ByteTokenizer()
-    root = Path(root) if root is not None else stdlib_root()
+    origin = {"python_version": platform.python_version(), "python_implementation": platform.python_implementation()}
+    if root is None:
+        root = stdlib_root()
+    else:  # an exported corpus says which Python it came from; a bare directory cannot
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"corpus root {root} is not a directory")
+        manifest = root / CORPUS_MANIFEST
+        origin = json.loads(manifest.read_text()) if manifest.exists() else {
+            "python_version": "unknown", "python_implementation": "unknown"}
     files = corpus_files(root)
     if not files:
         raise RuntimeError(f"no .py files under {root}")
@@ -263,9 +307,10 @@ def load_corpus(
     stats = {
         "source": "Python standard library .py files (sysconfig.get_paths()['stdlib'])",
         "license": "PSF License Agreement (Python Software Foundation License Version 2)",
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "stdlib_root": str(root),
+        "python_version": origin["python_version"],
+        "python_implementation": origin["python_implementation"],
+        "stdlib_root": origin.get("stdlib_root", str(root)),
+        "corpus_root": str(root),
         "excluded_top_dirs": list(EXCLUDED_TOP_DIRS),
         "order": "sorted relative POSIX paths; each file as <bos> bytes <eos>",
         "heldout_rule": f"int.from_bytes(sha256(relpath)[:8], 'big') % 100 < {HELDOUT_PERCENT}",
@@ -385,7 +430,7 @@ def train(
     *,
     size: str = "6m",
     name: str | None = None,
-    steps: int = 500,
+    steps: int = 1600,
     batch: int = 128,
     seq: int = 512,
     lr: float = 2e-3,
@@ -422,6 +467,7 @@ def train(
         grad_clip=grad_clip, seed=seed, device=device, time_budget_s=time_budget_s, eval_every=eval_every,
         eval_windows=eval_windows_n, check_windows=check_windows, log_every=log_every, compile=compile,
         max_train_bytes=max_train_bytes, max_heldout_bytes=max_heldout_bytes, sample_tokens=sample_tokens,
+        corpus_root=str(corpus_root) if corpus_root is not None else None,
     )
     tok = ByteTokenizer()
     cfg = config or byte_config(family, size)
@@ -673,7 +719,7 @@ architecture is shared.
 ## Data
 
 The `.py` files of the standard library of Python {c['python_version']} ({c['python_implementation']}),
-found with `sysconfig.get_paths()["stdlib"]`, without the top-level directories
+found with `sysconfig.get_paths()["stdlib"]`{_exported(c)}, without the top-level directories
 {', '.join(f'`{d}/`' for d in c['excluded_top_dirs'])}; the test suite is included. Each file is one
 document, `<bos>` + its bytes + `<eos>`, in sorted path order. A file is held out when
 `{c['heldout_rule']}`.
@@ -739,6 +785,12 @@ print(tok.decode(out.tokens[0]))
 """
 
 
+def _exported(c: dict[str, Any]) -> str:
+    if c.get("corpus_root", c["stdlib_root"]) == c["stdlib_root"]:
+        return ""
+    return f" (`{c['stdlib_root']}`, exported with `--export-corpus` and read from a copy)"
+
+
 def _commit(commit: str | None) -> str:
     if not commit:
         return ""
@@ -750,11 +802,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m labkit.train", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--family", required=True, choices=("lfm2", "qwen3.5"))
+    p.add_argument("--family", choices=("lfm2", "qwen3.5"), help="required unless --export-corpus")
     p.add_argument("--out", help="checkpoint directory; if not given, data/checkpoints/<name>")
     p.add_argument("--size", default="6m", choices=("6m", "tiny"))
     p.add_argument("--name", help="model name; if not given, byte-<family>-<size>")
-    p.add_argument("--steps", type=int, default=500, help="most optimizer steps (more overfits the stdlib corpus)")
+    p.add_argument("--steps", type=int, default=1600, help="most optimizer steps (more overfits the stdlib corpus)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--seq", type=int, default=512, help="bytes per training crop")
     p.add_argument("--lr", type=float, default=2e-3)
@@ -774,7 +826,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-heldout-bytes", type=int, default=4 << 20)
     p.add_argument("--sample-tokens", type=int, default=SAMPLE_BYTES, help="bytes in the card's greedy sample")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--corpus-root", help="train on a corpus exported by --export-corpus instead of this Python's stdlib")
+    p.add_argument("--export-corpus", metavar="DIR", help="copy this Python's corpus files to DIR and exit")
     a = p.parse_args(argv)
+    if a.export_corpus:
+        m = export_corpus(a.export_corpus)
+        print(f"{m['files']} files, {m['bytes'] / 1e6:.1f} MB of Python {m['python_version']} stdlib -> {a.export_corpus}")
+        return 0
+    if a.family is None:
+        p.error("--family is required")
     name = a.name or byte_config(a.family, a.size).name
     out = a.out or str(checkpoints_dir() / name)
     train(
@@ -783,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed, device=a.device, time_budget_s=a.time_budget_s, eval_every=a.eval_every,
         eval_windows_n=a.eval_windows, check_windows=a.check_windows, log_every=a.log_every, compile=a.compile,
         max_train_bytes=a.max_train_bytes, max_heldout_bytes=a.max_heldout_bytes, progress=not a.no_progress,
-        sample_tokens=a.sample_tokens, argv=argv,
+        sample_tokens=a.sample_tokens, corpus_root=a.corpus_root, argv=argv,
     )
     return 0
 

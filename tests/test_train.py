@@ -124,6 +124,32 @@ def test_corpus_split_and_windows(tmp_path):
     assert torch.equal(T.unpack_windows(T.pack_windows(w)), w)
 
 
+def test_exported_corpus_trains_the_same_stream(tmp_path):
+    """--export-corpus copies exactly the corpus files, with a manifest naming their Python; loading
+    the copy gives the same token streams and says where they came from."""
+    root = tmp_path / "lib"
+    for rel in ["a.py", "pkg/b.py", "site-packages/x.py", "encodings/cp1.py", "notes.txt"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# {rel}\n" * 3)
+    for i in range(40):
+        (root / f"m{i:02d}.py").write_text(f"x = {i}\n")
+    manifest = T.export_corpus(tmp_path / "copy", root)
+    copy = tmp_path / "copy"
+    assert sorted(T.corpus_files(copy)) == T.corpus_files(root) and not (copy / "site-packages").exists()
+    assert not (copy / "notes.txt").exists()
+    assert manifest["files"] == len(T.corpus_files(root)) and manifest["stdlib_root"] == str(root)
+    original, exported = T.load_corpus(root), T.load_corpus(copy)
+    assert torch.equal(original.train, exported.train) and torch.equal(original.heldout, exported.heldout)
+    assert exported.stats["python_version"] == manifest["python_version"]
+    assert exported.stats["stdlib_root"] == str(root) and exported.stats["corpus_root"] == str(copy)
+    # a directory without a manifest trains, but cannot say which Python it came from
+    assert T.load_corpus(root).stats["python_version"] == "unknown"
+    with pytest.raises(FileExistsError, match="not empty"):
+        T.export_corpus(copy, root)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        T.load_corpus(tmp_path / "missing")
+
+
 def test_configs_have_the_family_structure():
     lfm2, qwen = T.byte_config("lfm2"), T.byte_config("qwen3.5")
     for cfg in (lfm2, qwen):

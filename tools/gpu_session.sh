@@ -1,7 +1,8 @@
 # One GPU call made of stages, each under its own time limit; logs, executed notebooks, results and
 # checkpoints go to $OUT even if a stage runs out of time. Choose stages with STAGES (default: all):
 #   notebooks  execute the notebooks (SAVE_RESULTS=True) into build/       (~3 min for 00 + 01, NB_ONLY, NB_FLA)
-#   train      train both byte-level checkpoints concurrently; $OUT/ck-<name>.tar each (~2 min with TRAIN_ARGS="--steps 500")
+#   train      train both byte-level checkpoints concurrently; $OUT/ck-<name>.tar each (~4.5 min); CORPUS=<tgz of
+#              an exported corpus (python -m labkit train-tiny --export-corpus)> trains on it, FAMILIES picks
 #   fused      tools/gpu_fused_check.py: every kernel checked and timed     (~1.5 min)
 #   sweep      linear-kernel blockings swept, streamed to $OUT/sweep.jsonl (as long as SWEEP_TIMEOUT allows)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
@@ -25,9 +26,14 @@ for stage in $STAGES; do
         ${NB_ONLY:+--only $NB_ONLY} -p SAVE_RESULTS=True
       tar czf $OUT/notebooks-$(echo ${NB_ONLY:-all} | tr ' ' '_').tgz build data/bench ;;
     train)
-      for family in lfm2 qwen3.5; do
-        timeout ${TRAIN_TIMEOUT:-260} python3 -m labkit train-tiny --family $family --device cuda \
-          --time-budget-s ${TRAIN_BUDGET_S:-180} ${TRAIN_ARGS:-} --no-progress > $OUT/train-$family.log 2>&1 &
+      corpus_args=""
+      if [ -n "${CORPUS:-}" ]; then
+        rm -rf /tmp/corpus && mkdir -p /tmp/corpus && tar xzf "$CORPUS" -C /tmp/corpus
+        corpus_args="--corpus-root $(dirname /tmp/corpus/*/CORPUS.json)"
+      fi
+      for family in ${FAMILIES:-lfm2 qwen3.5}; do
+        timeout ${TRAIN_TIMEOUT:-420} python3 -m labkit train-tiny --family $family --device cuda \
+          --time-budget-s ${TRAIN_BUDGET_S:-360} $corpus_args ${TRAIN_ARGS:-} --no-progress > $OUT/train-$family.log 2>&1 &
         pids="$pids $!"
       done
       wait $pids  # not a bare wait: that would also wait for the tee above, forever
