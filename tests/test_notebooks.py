@@ -1,4 +1,5 @@
-"""Every notebook runs end to end with papermill on a CPU: tiny presets, Triton's interpreter.
+"""Every notebook runs end to end with papermill on a CPU, as `make run` does there: the shipped
+byte-level checkpoints (tiny random presets where they are absent), Triton's interpreter.
 
 The notebooks assert their own checks, so a failing check fails here. (CI also runs nbval over the
 committed notebooks, comparing the outputs of cells marked NBVAL_CHECK_OUTPUT.)
