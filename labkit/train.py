@@ -1,7 +1,7 @@
 """Train small byte-level models of both families on text every Python machine has.
 
-    python -m labkit train-tiny --family lfm2       # -> data/checkpoints/byte-lfm2-6m    (H200: ~2 min)
-    python -m labkit train-tiny --family qwen3.5    # -> data/checkpoints/byte-qwen3.5-6m (H200: ~4 min)
+    python -m labkit train-tiny --family lfm2       # -> data/checkpoints/byte-lfm2-6m    (H200: ~3 min)
+    python -m labkit train-tiny --family qwen3.5    # -> data/checkpoints/byte-qwen3.5-6m (H200: ~5.5 min)
     python -m labkit train-tiny --export-corpus build/corpus     # this Python's corpus, to train on elsewhere
     python -m labkit train-tiny --family lfm2 --corpus-root build/corpus
 
@@ -32,7 +32,7 @@ along, steps or wall time, so the learning rate has decayed when the budget ends
 run is not step-for-step reproducible; one bounded by ``--steps`` alone is on a CPU, and on a GPU
 up to the order of its atomic reductions). The default of 1,600 steps (105 M tokens, about 3.6
 passes over CPython 3.11's training split, 28.9 MB) is where the held-out loss stopped falling on
-the H200: LFM2 reached 0.998 bits/byte after 1,600 steps and 1.018 after 3,000. (On a standard
+the H200: LFM2 reached 0.998 and 0.999 bits/byte in two runs of 1,600 steps, 1.018 in one of 3,000. (On a standard
 library without its test suite, 8.8 MB, the best was about 1.57 bits/byte, after 500 steps; more
 overfit, and greedy text fell into runs of spaces.)
 

@@ -1,8 +1,9 @@
 # One GPU call made of stages, each under its own time limit; logs, executed notebooks, results and
 # checkpoints go to $OUT even if a stage runs out of time. Choose stages with STAGES (default: all):
 #   notebooks  execute the notebooks (SAVE_RESULTS=True) into build/       (~3 min for 00 + 01, NB_ONLY, NB_FLA)
-#   train      train both byte-level checkpoints concurrently; $OUT/ck-<name>.tar each (~4.5 min); CORPUS=<tgz of
-#              an exported corpus (python -m labkit train-tiny --export-corpus)> trains on it, FAMILIES picks
+#   train      train the byte-level checkpoints side by side; $OUT/ck-<name>.tar each (~6 min for both);
+#              FAMILIES (default "lfm2 qwen3.5"); CORPUS=<.tgz of a directory made by
+#              python -m labkit train-tiny --export-corpus> trains on that corpus
 #   fused      tools/gpu_fused_check.py: every kernel checked and timed     (~1.5 min)
 #   sweep      linear-kernel blockings swept, streamed to $OUT/sweep.jsonl (as long as SWEEP_TIMEOUT allows)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
