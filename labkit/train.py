@@ -256,8 +256,10 @@ def corpus_files(root: Path) -> list[str]:
     return sorted(files)
 
 
-def _stream(root: Path, files: list[str], cap: int, tok: ByteTokenizer) -> tuple[torch.Tensor, list[str]]:
-    pieces, used, total = [], [], 0
+def _stream(root: Path, files: list[str], cap: int, tok: ByteTokenizer) -> tuple[torch.Tensor, list[str], int]:
+    """The token stream of ``files`` (whole files up to ``cap`` tokens), the files used, and their
+    characters: UTF-8, an undecodable byte counting as one (the card's bytes per character)."""
+    pieces, used, total, chars = [], [], 0, 0
     for rel in files:
         data = (root / rel).read_bytes()
         if total + len(data) + 2 > cap:
@@ -265,6 +267,7 @@ def _stream(root: Path, files: list[str], cap: int, tok: ByteTokenizer) -> tuple
         pieces.append(bytes([0]) + data + bytes([0]))  # placeholders for <bos>, <eos>
         used.append(rel)
         total += len(data) + 2
+        chars += len(data.decode("utf-8", errors="surrogateescape"))
     if not pieces:
         raise RuntimeError(f"no corpus files fit in {cap} bytes (first file: {files[:1]})")
     stream = torch.frombuffer(bytearray(b"".join(pieces)), dtype=torch.uint8).to(torch.int16)
@@ -272,7 +275,7 @@ def _stream(root: Path, files: list[str], cap: int, tok: ByteTokenizer) -> tuple
     ends = lengths.cumsum(0)
     stream[ends - lengths] = tok.BOS
     stream[ends - 1] = tok.EOS
-    return stream, used
+    return stream, used, chars
 
 
 def _sha256(t: torch.Tensor) -> str:
@@ -301,8 +304,8 @@ def load_corpus(
     train = [f for f in files if not is_heldout(f)]
     if not held or not train:
         raise RuntimeError(f"{root}: {len(train)} train and {len(held)} held-out files; need both")
-    train_stream, train_used = _stream(root, train, max_train_bytes, tok)
-    held_stream, held_used = _stream(root, held, max_heldout_bytes, tok)
+    train_stream, train_used, train_chars = _stream(root, train, max_train_bytes, tok)
+    held_stream, held_used, held_chars = _stream(root, held, max_heldout_bytes, tok)
     listing = hashlib.sha256("\n".join(train_used + ["--"] + held_used).encode()).hexdigest()
     stats = {
         "source": "Python standard library .py files (sysconfig.get_paths()['stdlib'])",
@@ -323,6 +326,9 @@ def load_corpus(
         "max_heldout_bytes": max_heldout_bytes,
         "train_tokens": int(train_stream.numel()),
         "heldout_tokens": int(held_stream.numel()),
+        # file bytes (tokens less the two specials per file) per character
+        "train_bytes_per_char": (train_stream.numel() - 2 * len(train_used)) / train_chars,
+        "heldout_bytes_per_char": (held_stream.numel() - 2 * len(held_used)) / held_chars,
         "train_sha256": _sha256(train_stream),
         "heldout_sha256": _sha256(held_stream),
         "file_list_sha256": listing,
@@ -758,7 +764,7 @@ labkit {r['versions']['labkit']}{_commit(r['versions'].get('git_commit'))}.
 | train loss (last {a['log_every']} steps, training precision) | {f['train_loss']:.4f} | {f['train_bits_per_byte']:.3f} |
 | held-out loss ({f['heldout_windows']} windows × {f['window_tokens']} tokens, float32) | {f['heldout_loss']:.4f} | {f['heldout_bits_per_byte']:.3f} |
 
-The held-out figure is a float32 forward of the saved bfloat16 weights. `training.json` has the whole
+{_per_char(c, f)}The held-out figure is a float32 forward of the saved bfloat16 weights. `training.json` has the whole
 history, every argument, the versions and a stored subset of held-out windows
 ({len(r['check']['window_indices'])} windows, loss {r['check']['loss']:.4f} nats/byte) that the tests
 recompute.
@@ -783,6 +789,15 @@ out = labkit.generate(model, ids, max_new_tokens=96, stop_tokens=[tok.eos_id])
 print(tok.decode(out.tokens[0]))
 ```
 """
+
+
+def _per_char(c: dict[str, Any], f: dict[str, Any]) -> str:
+    if "heldout_bytes_per_char" not in c:  # records made before the corpus counted characters
+        return ""
+    bpc = c["heldout_bytes_per_char"]
+    return (f"The held-out text has {bpc:.4f} bytes per character (UTF-8; train split "
+            f"{c['train_bytes_per_char']:.4f}),\nso the held-out loss is "
+            f"{f['heldout_bits_per_byte'] * bpc:.3f} bits per character.\n\n")
 
 
 def _exported(c: dict[str, Any]) -> str:

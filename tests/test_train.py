@@ -65,7 +65,8 @@ def test_record_and_card(run):
     assert record["command"].startswith(f"python -m labkit.train --family {family} --out ")
     card = (out / "README.md").read_text()
     for figure in (f"{record['final']['heldout_loss']:.4f}", f"{record['final']['heldout_bits_per_byte']:.3f}",
-                   record["command"], "PSF License", c["python_version"]):
+                   record["command"], "PSF License", c["python_version"],
+                   f"{c['heldout_bytes_per_char']:.4f} bytes per character"):
         assert figure in card
     sample = record["sample"]
     assert sample["prompt"] == "def fibonacci(n):" and 1 <= len(sample["tokens"]) <= 24
@@ -103,6 +104,7 @@ def test_corpus_split_and_windows(tmp_path):
     for rel in ["a.py", "pkg/b.py", "pkg/c.py", "site-packages/x.py", "encodings/cp1.py", "pkg/__pycache__/d.py"]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(f"# {rel}\n" * 3)
+    (root / "pkg/b.py").write_text("π = 3.14159  # ≈\n", encoding="utf-8")
     for i in range(40):
         (root / f"m{i:02d}.py").write_text(f"x = {i}\n")
     files = T.corpus_files(root)
@@ -118,6 +120,10 @@ def test_corpus_split_and_windows(tmp_path):
         assert int((stream == tok.BOS).sum()) == n == int((stream == tok.EOS).sum())
     first = sorted(f for f in files if not T.is_heldout(f))[0]
     assert tok.decode(corpus.train[: 2 + len((root / first).read_bytes())]) == (root / first).read_text()
+    for split, used in (("train", [f for f in files if not T.is_heldout(f)]), ("heldout", held)):
+        text = "".join((root / f).read_text() for f in used)
+        assert corpus.stats[f"{split}_bytes_per_char"] == pytest.approx(len(text.encode()) / len(text))
+    assert corpus.stats["train_bytes_per_char"] > 1.0  # pkg/b.py holds non-ASCII text
     w = T.eval_windows(corpus.heldout, 5, 7)
     assert w.shape == (5, 7) and torch.equal(w[0], corpus.heldout[:7].long())
     assert torch.equal(w[-1], corpus.heldout[-7:].long())
