@@ -33,6 +33,7 @@ import torch
 from .backends import register
 from .cache import HybridCache
 from .model import Attention, GatedDeltaNet, HybridLM, ShortConv
+from .tuning import linear_config as tuned_linear_config
 
 
 def _load_ops() -> Any:
@@ -104,7 +105,7 @@ class FusedDecoder:
         def plan(weight: torch.Tensor, norm: torch.Tensor | None = None, row_blocks: int = 1,
                  argmax: bool = False) -> _LinearPlan:
             n, k = weight.shape
-            config = lin.linear_config(B, n // row_blocks, k, row_blocks=row_blocks, argmax=argmax)
+            config = tuned_linear_config(B, n // row_blocks, k, row_blocks=row_blocks, argmax=argmax, device=dev)
             return _LinearPlan(weight, config, norm, row_blocks)
 
         self.layers: list[dict[str, Any]] = []

@@ -24,6 +24,11 @@ DATASHEET = {
 }
 
 
+def gpu_slug(name: str) -> str:
+    """A GPU's name as a file or directory name: 'NVIDIA H200' -> 'nvidia-h200'."""
+    return "-".join(name.lower().replace("_", " ").split())
+
+
 @dataclass(frozen=True)
 class DeviceFacts:
     name: str
@@ -38,7 +43,7 @@ class DeviceFacts:
     @property
     def slug(self) -> str:
         """A directory name for results: 'nvidia-h200', 'cpu'."""
-        return "-".join(self.name.lower().replace("_", " ").split()) if self.kind == "cuda" else "cpu"
+        return gpu_slug(self.name) if self.kind == "cuda" else "cpu"
 
     def to_dict(self) -> dict:
         return asdict(self)

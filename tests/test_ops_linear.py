@@ -104,11 +104,10 @@ def test_split_k_counters_reset_and_results_repeat(device):
 
 
 def test_gpu_heuristic_fills_the_gpu_at_real_shapes(monkeypatch):
-    """The non-interpreter heuristic (the measured table set aside): valid configs, no K masks,
-    and enough programs for 132 SMs."""
+    """The non-interpreter heuristic (no measured table given): valid configs, no K masks, and
+    enough programs for 132 SMs."""
     monkeypatch.setattr(linear_mod, "interpreting", lambda: False)
     monkeypatch.setattr(linear_mod, "num_sms", lambda: 132)
-    monkeypatch.setattr(linear_mod, "TUNED", {})
     shapes = set()
     for name in ("lfm2-350m", "qwen3.5-0.8b"):
         c = PRESETS[name]
@@ -176,14 +175,24 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
 
 
 def test_tuned_table_is_used_and_consistent(monkeypatch):
-    """Entries measured on a GPU replace the heuristic for their shapes; each is a valid blocking
-    of its own key (a K tail is allowed: the kernel masks it, and the GPU check covers it)."""
+    """Entries measured on a GPU (the H200's file) replace the heuristic for their shapes; each is a
+    valid blocking of its own key (a K tail is allowed: the kernel masks it, and the GPU tests cover
+    it). Shapes without an entry, and the greedy head's key, get the heuristic."""
+    from labkit.tuning import TUNING_DIR, linear_table
+
     monkeypatch.setattr(linear_mod, "interpreting", lambda: False)
-    assert linear_mod.TUNED, "the table holds the H200 sweep's winners"
-    for (bucket, n, k, row_blocks), cfg in linear_mod.TUNED.items():
-        assert linear_config(bucket, n, k, row_blocks=row_blocks) is cfg
-        assert cfg.block_m == bucket and linear_mod.m_bucket(bucket) == bucket
-        assert cfg.block_k <= triton_next_pow2(k) and math.ceil(k / cfg.block_k) % cfg.split_k == 0, cfg
+    table = linear_table(TUNING_DIR / "nvidia-h200.json")
+    assert table, "the file holds the H200 sweep's winners"
+    for key, cfg in table.items():
+        assert linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, argmax=key.argmax, table=table) is cfg
+        assert linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, argmax=not key.argmax,
+                             table=table) == linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks,
+                                                           argmax=not key.argmax)
+        assert cfg.block_m == key.m_bucket and linear_mod.m_bucket(key.m_bucket) == key.m_bucket
+        assert cfg.block_k <= triton_next_pow2(key.k) and math.ceil(key.k / cfg.block_k) % cfg.split_k == 0, cfg
+    some = next(iter(table))
+    assert linear_config(some.m_bucket, some.n + 1, some.k, row_blocks=some.row_blocks, table=table) == linear_config(
+        some.m_bucket, some.n + 1, some.k, row_blocks=some.row_blocks)
 
 
 def triton_next_pow2(v: int) -> int:

@@ -45,11 +45,17 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# What the heuristics assume where there is no GPU to ask (the interpreter, a compile-only check):
+# a nominal figure, not a measurement (it happens to be an H100's or H200's count).
+NOMINAL_SMS = 132
+
+
 @functools.lru_cache(maxsize=None)
 def num_sms(device_index: int | None = None) -> int:
-    """Streaming multiprocessors of the GPU (132 on an H200); a nominal 132 in the interpreter."""
+    """Streaming multiprocessors of the current GPU, as the device reports them; ``NOMINAL_SMS``
+    in the interpreter or without a GPU."""
     if INTERPRET or not torch.cuda.is_available():
-        return 132
+        return NOMINAL_SMS
     index = torch.cuda.current_device() if device_index is None else device_index
     return torch.cuda.get_device_properties(index).multi_processor_count
 

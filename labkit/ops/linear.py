@@ -20,21 +20,23 @@ Two inner loops:
   tensor cores, 16-byte loads along K.
 - ``block_m >= 16`` (batch >= 2): ``tl.dot`` with the batch padded to the block (tensor cores).
 
-Filling the GPU: N = 1024 outputs in blocks of 16 is 64 programs for 132 SMs. Programs can then
-split K (``split_k``): each writes a float32 partial to a workspace and the last of a tile to
-arrive (an atomic counter) sums the partials in a fixed order and runs the epilogue, so the result
-is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
+Filling the GPU: N = 1024 outputs in blocks of 16 is 64 programs for an H200's 132 SMs. Programs
+can then split K (``split_k``): each writes a float32 partial to a workspace and the last of a tile
+to arrive (an atomic counter) sums the partials in a fixed order and runs the epilogue, so the
+result is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
 parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 programs per SM,
-split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits). Block sizes are arguments (:class:`LinearConfig`), chosen by
-:func:`linear_config` from a measured table (``TUNED``) or a heuristic. There is no
-``triton.autotune``: it would benchmark by running the kernel repeatedly, which corrupts in-place
-residual outputs and cannot happen inside a CUDA graph capture; ``tools/gpu_fused_check.py``
-sweeps configs on the GPU instead and prints table entries.
+split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits).
+Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
+measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
+would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
+cannot happen inside a CUDA graph capture. ``python -m labkit tune`` sweeps configs on the GPU
+instead and writes the winners to ``data/tuning/<gpu>.json``, which :mod:`labkit.tuning` reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -314,22 +316,19 @@ def m_bucket(m: int) -> int:
     return 1 if m == 1 else max(16, next_pow2(m))
 
 
-# Measured winners, keyed by (m_bucket(M), N outputs per row block, K, row blocks). Filled from the
-# sweep that tools/gpu_fused_check.py prints on a GPU; anything missing falls back to the heuristic.
-TUNED: dict[tuple[int, int, int, int], LinearConfig] = {
-    # H200, batch 1, each op alone in a CUDA graph with its weights cold in L2 (heuristic -> tuned):
-    # tools/gpu_fused_check.py --sweep-only --batches 1, 2026-11-29; data/bench/nvidia-h200/linear-sweep.json
-    (1, 1024, 1024, 3): LinearConfig(1, 4, 1024, 1, 8, 1),  # lfm2-350m conv.in_proj+norm+short_conv: 6.05 -> 5.27 µs
-    (1, 1024, 1024, 1): LinearConfig(1, 8, 1024, 1, 8, 1),  # lfm2-350m conv.out_proj+residual / attention.wo+residual: 3.38 -> 2.85 µs
-    (1, 2048, 1024, 1): LinearConfig(1, 4, 1024, 1, 8, 1),  # lfm2-350m attention.wqkv+norm: 3.98 -> 3.73 µs
-    (1, 4608, 1024, 2): LinearConfig(1, 4, 512, 1, 2, 1),  # lfm2-350m mlp.gate_up+norm+swiglu: 9.97 -> 8.89 µs
-    (1, 1024, 4608, 1): LinearConfig(1, 4, 4096, 1, 8, 1),  # lfm2-350m mlp.down+residual: 6.74 -> 5.69 µs
-    (1, 8224, 1024, 1): LinearConfig(1, 4, 1024, 1, 2, 1),  # qwen3.5-0.8b gdn.in_proj+norm: 9.71 -> 8.21 µs
-    (1, 1024, 2048, 1): LinearConfig(1, 8, 1024, 1, 8, 1),  # qwen3.5-0.8b attention.wo+residual: 4.63 -> 3.73 µs
-    (1, 5120, 1024, 1): LinearConfig(1, 8, 512, 1, 4, 1),  # qwen3.5-0.8b attention.wqkv+norm: 8.03 -> 5.59 µs
-    (1, 3584, 1024, 2): LinearConfig(1, 4, 512, 1, 4, 1),  # qwen3.5-0.8b mlp.gate_up+norm+swiglu: 9.21 -> 6.96 µs
-    (1, 1024, 3584, 1): LinearConfig(1, 4, 4096, 1, 8, 1),  # qwen3.5-0.8b mlp.down+residual: 6.05 -> 4.54 µs
-}
+class TuningKey(NamedTuple):
+    """What a measured configuration is measured for: the batch bucket (:func:`m_bucket`), the
+    outputs per row block, K, the row blocks, and whether the greedy-head epilogue runs."""
+
+    m_bucket: int
+    n: int
+    k: int
+    row_blocks: int = 1
+    argmax: bool = False
+
+
+def tuning_key(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool = False) -> TuningKey:
+    return TuningKey(m_bucket(m), n, k, row_blocks, bool(argmax))
 
 
 def _split(tiles: int, iters: int, target: int, cap: int = 16) -> int:
@@ -352,9 +351,19 @@ def _block_k(k: int, largest: int) -> int:
     return block
 
 
-def linear_config(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool = False) -> LinearConfig:
+def linear_config(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    row_blocks: int = 1,
+    argmax: bool = False,
+    table: Mapping[TuningKey, LinearConfig] | None = None,
+) -> LinearConfig:
     """The configuration for an [m, k] x [row_blocks * n, k]^T product with n outputs per row block
-    (2 blocks for SwiGLU, 3 for the short-conv epilogue).
+    (2 blocks for SwiGLU, 3 for the short-conv epilogue): ``table``'s entry for its
+    :func:`tuning_key` where there is one (measured winners for one GPU, which
+    :mod:`labkit.tuning` reads from ``data/tuning/<gpu>.json``), else the heuristic below.
 
     Heuristic for a memory-bound stream: each program loads ~8 KB of weights per iteration (one
     [BLOCK_N, BLOCK_K] tile per row block), K blocks divide K, and K is split
@@ -364,7 +373,7 @@ def linear_config(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool =
     head (n >= 32768) gets them either way, so its logits and greedy paths sum in the same order.
     """
     bucket = m_bucket(m)
-    tuned = TUNED.get((bucket, n, k, row_blocks))
+    tuned = None if table is None else table.get(tuning_key(m, n, k, row_blocks=row_blocks, argmax=argmax))
     if tuned is not None:
         return tuned
     if interpreting():
