@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import platform
-import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
+
+from . import timing
 
 # Vendor datasheet values (SXM parts, dense bf16 without sparsity). Leads, not measurements.
 DATASHEET = {
@@ -49,42 +49,6 @@ class DeviceFacts:
         return asdict(self)
 
 
-class Stopwatch:
-    """Elapsed milliseconds of a region: CUDA events on a GPU, perf_counter on a CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self) -> "Stopwatch":
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self._end.record()
-            self._end.synchronize()
-            self.ms = self._start.elapsed_time(self._end)
-        else:
-            self.ms = (time.perf_counter() - self._t0) * 1e3
-
-
-def _median_ms(fn, repeats: int, device: str, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` on ``device``, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        with Stopwatch(torch.device(device)) as sw:
-            fn()
-        times.append(sw.ms)
-    return statistics.median(times)
-
-
 def measure_copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20, device: str = "cuda") -> float:
     """Bytes per second of a device-to-device copy, counting bytes read and bytes written.
 
@@ -93,7 +57,7 @@ def measure_copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20, device: str
     n = nbytes // 2
     src = torch.randn(n // 2, device=device, dtype=torch.float32).view(torch.bfloat16)  # real data, not zeros
     dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src), repeats, device)
+    ms = timing.measure(lambda: dst.copy_(src), device=device, repeats=repeats).ms
     return 2 * src.numel() * src.element_size() / (ms * 1e-3)
 
 
@@ -101,7 +65,7 @@ def measure_bf16_matmul(n: int = 8192, repeats: int = 10, device: str = "cuda") 
     """FLOP/s of an n x n x n bf16 matmul on random data."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    ms = _median_ms(lambda: a @ b, repeats, device)
+    ms = timing.measure(lambda: a @ b, device=device, repeats=repeats).ms
     return 2 * n**3 / (ms * 1e-3)
 
 
@@ -117,17 +81,9 @@ def measure_launch_overhead(launches: int = 2000, device: str = "cuda") -> dict[
         for _ in range(launches):
             x.add_(1.0)
 
-    out = {"eager_us": _median_ms(eager, 5, device) * 1e3 / launches}
-    if device.startswith("cuda"):
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            eager()  # warm up on the side stream before capture
-            with torch.cuda.graph(graph, stream=stream):
-                eager()
-        torch.cuda.current_stream().wait_stream(stream)
-        out["graph_us"] = _median_ms(graph.replay, 5, device) * 1e3 / launches
+    out = {"eager_us": timing.measure(eager, device=device, graph=False, repeats=5).us / launches}
+    if torch.device(device).type == "cuda":
+        out["graph_us"] = timing.measure(eager, device=device, graph=True, repeats=5).us / launches
     return out
 
 

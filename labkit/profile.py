@@ -17,7 +17,6 @@ code that is not a module (fused Triton backends) are attributed by their names.
 from __future__ import annotations
 
 import re
-import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -26,9 +25,9 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from .backends import make_decoder
-from .hw import Stopwatch
 from .model import Block, HybridLM, RMSNorm, SwiGLU
 from .roofline import step_cost
+from .timing import measure
 
 FAMILIES = ("norm", "projections", "attention", "conv", "gdn", "mlp", "lm_head", "embedding", "sampling", "other")
 _MATMUL_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm")
@@ -223,13 +222,14 @@ def profile_decode(
 
     # wall time per step, without the profiler's overhead: runs of back-to-back steps, as a decode
     # loop issues them (the CPU queues step n+1 while the GPU still runs step n), median of 3
-    runs = []
-    for _ in range(3):
-        with Stopwatch(model.device) as sw:
-            for _ in range(steps):
-                token = decoder.step(token).argmax(-1)
-        runs.append(sw.ms / steps)
-    step_ms = statistics.median(runs)
+    last = {"token": token}
+
+    def run() -> None:
+        for _ in range(steps):
+            last["token"] = decoder.step(last["token"]).argmax(-1)
+
+    step_ms = measure(run, device=model.device, graph=False, warmup=0, repeats=3).ms / steps
+    token = last["token"]
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with _module_scopes(model), profile(activities=activities) as prof:

@@ -1,0 +1,89 @@
+"""Results files: every measurement is written with the GPU, the software versions, the date and
+the exact command (``data/bench/<gpu>/<name>.json``), and the README's table is made from them."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ..hw import DeviceFacts, versions
+
+DATA_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
+
+
+def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
+    return {
+        "gpu": facts.name if facts.kind == "cuda" else None,
+        "device": facts.to_dict(),
+        "versions": versions(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join(shlex.quote(a) for a in ["python", "-m", "labkit", *sys.argv[1:]]),
+    }
+
+
+def write_results(name: str, kind: str, rows: list, facts: DeviceFacts, command: str | None = None,
+                  data_dir: Path = DATA_DIR) -> Path:
+    out_dir = data_dir / facts.slug
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    doc = {**provenance(facts, command), "kind": kind, "results": [asdict(r) for r in rows]}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def load_results(data_dir: Path = DATA_DIR) -> list[dict]:
+    docs = []
+    for path in sorted(data_dir.glob("*/*.json")):
+        doc = json.loads(path.read_text())
+        doc["path"] = str(path.relative_to(data_dir.parent.parent))
+        docs.append(doc)
+    return docs
+
+
+def markdown_table(docs: list[dict]) -> str:
+    """The README's results table: every decode and prefill row of every results file."""
+    lines = []
+    decode = [(d, r) for d in docs if d.get("kind") == "decode" for r in d["results"]]
+    if decode:
+        lines += [
+            "| GPU | model | implementation | batch | tok/s | % of roofline | achieved GB/s | file |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for d, r in decode:
+            if r.get("error"):
+                cells = ["failed", "", ""]
+            else:
+                pct = r.get("pct_of_roofline")
+                cells = [
+                    f"{r['tokens_per_s']:,.1f}",
+                    f"{pct:.1f}%" if pct is not None else "",
+                    f"{r['achieved_bytes_per_s'] / 1e9:,.0f}",
+                ]
+            lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r['impl']} | {r['batch']} | "
+                         + " | ".join(cells) + f" | [{Path(d['path']).name}]({d['path']}) |")
+    prefill = [(d, r) for d in docs if d.get("kind") == "prefill" for r in d["results"]]
+    if prefill:
+        lines += ["", "| GPU | model | implementation | prompt tokens | prefill ms | file |",
+                  "| --- | --- | --- | ---: | ---: | --- |"]
+        for d, r in prefill:
+            ms = "failed" if r.get("error") else f"{r['ms']:,.2f}"
+            lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r['impl']} | {r['tokens']} | {ms} | "
+                         f"[{Path(d['path']).name}]({d['path']}) |")
+    return "\n".join(lines)
+
+
+README_BEGIN = "<!-- results:begin (python -m labkit bench table --readme README.md) -->"
+README_END = "<!-- results:end -->"
+
+
+def update_readme(readme: Path, docs: list[dict]) -> None:
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{readme} has no results markers ({README_BEGIN} ... {README_END})")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{markdown_table(docs)}\n{README_END}{tail}")

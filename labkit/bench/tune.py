@@ -1,0 +1,199 @@
+"""``python -m labkit tune``: sweep the linear kernels' blockings on the GPU at hand and write the
+winners to ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning` reads at run time.
+
+For every distinct projection of the presets' decode steps (one key per batch bucket, outputs, K,
+row blocks; the LM head is left out: its greedy and logits paths must keep one summation order)
+each candidate :class:`~labkit.ops.linear.LinearConfig` is first checked against the reference at
+that blocking, then timed as ``bench ops`` times the projection (alone in a CUDA graph, its weights
+cold in L2). The heuristic's own choice is always among the candidates, so an entry never makes a
+key slower than the heuristic as measured. The file is rewritten after every key, so a run cut
+short by ``--time-limit-s`` (or killed) leaves every key it finished; entries of an earlier file
+for keys this run did not reach are kept with their own date and source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import tuning
+from ..config import PRESETS
+from ..model import HybridLM, build
+from .ops import LinearCase, check_linear, linear_cases, time_linear
+from .results import provenance
+
+BOUND = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-4}
+METHOD_NOTE = ("Each candidate blocking was checked against linear_ref, then timed alone in a CUDA graph, rotating over "
+               "copies of the weight so that it streams from HBM (labkit.bench.ops.time_linear); 'us' is the median "
+               "per call, for the first of 'ops'. The heuristic's own choice is one of the candidates.")
+
+
+def candidates(m: int, n: int, k: int, row_blocks: int, sms: int) -> list:
+    """Blockings to try. GEMV loop (m == 1): each thread keeps 8..64 float32 accumulators, K split
+    only as far as it takes to give ~4 programs per SM; tl.dot loop: tiles up to 16K elements per
+    row block, and at least 64 programs."""
+    from ..ops.linear import LinearConfig, m_bucket, next_pow2
+
+    found = []
+    if m == 1:
+        for bk in sorted({512, 1024, min(4096, next_pow2(k))}):
+            iters = math.ceil(k / bk)
+            for bn in (1, 2, 4, 8):
+                for nw in (2, 4, 8):
+                    if not 8 <= bn * bk * row_blocks / (32 * nw) <= 64:
+                        continue
+                    splits = [d for d in (1, 2, 3, 4, 6, 8, 9) if iters % d == 0]
+                    fill = [d for d in splits if math.ceil(n / bn) * d >= 4 * sms]
+                    for sk in sorted({1, *(fill[:1] or splits[-1:])}):
+                        found.append(LinearConfig(1, bn, bk, sk, nw, 1))
+    else:
+        bucket = m_bucket(m)
+        found = [LinearConfig(bucket, bn, bk, sk, nw, 3) for bn in (16, 32, 64) for bk in (128, 256)
+                 for sk in (1, 2, 4, 8) for nw in (4, 8)
+                 if k % (bk * sk) == 0 and math.ceil(n / bn) * sk >= 64 and bn * bk * row_blocks <= 16384]
+    return found
+
+
+def _time_us(model: HybridLM, case: LinearCase, batch: int, config) -> float:
+    return time_linear(model, case, batch, "triton", config=config).us
+
+
+def tune_case(
+    model: HybridLM,
+    case: LinearCase,
+    batch: int,
+    *,
+    sms: int,
+    timer: Callable[[HybridLM, LinearCase, int, object], float] = _time_us,
+    max_candidates: int | None = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """One tuning-file entry for ``case`` at ``batch``: every candidate checked, then timed. A
+    blocking that computes a wrong result is listed under ``rejected`` (a kernel bug to fix); one
+    that cannot be compiled or launched (registers, shared memory) under ``skipped``."""
+    from ..ops.linear import linear_config, tuning_key
+
+    n, k = case.outputs, case.weight.shape[1]
+    heuristic = linear_config(batch, n, k, row_blocks=case.row_blocks)  # no table: the heuristic itself
+    tried = [heuristic] + [c for c in candidates(batch, n, k, case.row_blocks, sms) if c != heuristic]
+    tried = tried[:max_candidates] if max_candidates else tried
+    bound = BOUND[case.weight.dtype]
+    timed, rejected, skipped = [], [], []
+    t0 = time.perf_counter()
+    for config in tried:
+        try:
+            err = check_linear(model, case, batch, config=config)
+        except Exception as e:  # noqa: BLE001 - compile/launch limits of one blocking: try the others
+            if config == heuristic:
+                raise
+            skipped.append({"config": tuning.config_to_dict(config), "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        if not err <= bound:  # a kernel that is wrong at some blocking: reported, never chosen
+            rejected.append({"config": tuning.config_to_dict(config), "rel_err": err})
+            log(f"  !! {case.name} B={batch} {config}: relative error {err:.2e} > {bound:.0e}")
+            continue
+        timed.append((timer(model, case, batch, config), config))
+    if not timed or timed[0][1] != heuristic:
+        raise RuntimeError(f"{model.cfg.name} {case.name} B={batch}: the heuristic's own blocking {heuristic} "
+                           f"fails its check; see the rejected candidates: {rejected}")
+    heuristic_us = timed[0][0]
+    best_us, best = min(timed, key=lambda t: t[0])
+    log(f"  {model.cfg.name} B={batch} {case.name:34} heuristic {heuristic_us:7.2f} µs, tuned {best_us:7.2f} µs "
+        f"({len(timed)} configs, {time.perf_counter() - t0:.0f} s)  {best}")
+    entry = {
+        "key": tuning.key_to_dict(tuning_key(batch, n, k, row_blocks=case.row_blocks)),
+        "config": tuning.config_to_dict(best),
+        "heuristic": tuning.config_to_dict(heuristic),
+        "us": {"heuristic": round(heuristic_us, 3), "tuned": round(best_us, 3)},
+        "ops": [f"{model.cfg.name} {case.name}"],
+        "candidates": len(timed),
+    }
+    if rejected:
+        entry["rejected"] = rejected
+    if skipped:
+        entry["skipped"] = skipped
+    return entry
+
+
+def run(models: list[str], batches: list[int], *, out_dir: Path = tuning.TUNING_DIR, time_limit_s: float | None = None,
+        fresh: bool = False, max_candidates: int | None = None, device: str = "cuda", gpu_name: str | None = None,
+        command: str | None = None, timer: Callable = _time_us,
+        log: Callable[[str], None] = print) -> tuple[Path, list[dict], int]:
+    """Tune every key of ``models`` at ``batches`` on ``device`` into ``out_dir/<gpu-slug>.json``
+    (``gpu_name``: the device's own name unless given); returns the file, the entries measured and
+    how many keys the time limit left untuned."""
+    from ..hw import device_facts
+    from ..ops.launch import num_sms
+    from ..ops.linear import tuning_key
+
+    facts = device_facts(device, measure=False)
+    name = gpu_name or facts.name
+    path = tuning.tuning_path(name, out_dir)
+    kept: dict = {}
+    if path.exists() and not fresh:
+        kept = {tuning.key_from_dict(e["key"], str(path)): e for e in tuning.read_tuning_file(path)["linear"]}
+    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": [METHOD_NOTE], "linear": []}
+    dtype = torch.bfloat16 if facts.kind == "cuda" else torch.float32  # the CPU interpreter: for tests
+    measured: dict = {}
+    left: set = set()
+    t0 = time.perf_counter()
+    for preset in models:
+        model = build(preset, dtype=dtype, device=device, seed=0)
+        for batch in batches:
+            for case in linear_cases(model, lm_head=False):
+                key = tuning_key(batch, case.outputs, case.weight.shape[1], row_blocks=case.row_blocks)
+                if key in measured:  # another op of the same shape: one entry serves both
+                    measured[key]["ops"].append(f"{preset} {case.name}")
+                elif time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                    left.add(key)
+                    continue
+                else:
+                    entry = tune_case(model, case, batch, sms=num_sms(), timer=timer, max_candidates=max_candidates,
+                                      log=log)
+                    measured[key] = entry | {"date": _dt.date.today().isoformat(), "source": doc["command"]}
+                    kept.pop(key, None)
+                if kept:
+                    doc["notes"] = [METHOD_NOTE, f"{len(kept)} entries kept from the previous file, each with "
+                                                 "the date and source of the run that measured it."]
+                tuning.write_tuning_file(path, doc | {"linear": list(measured.values()) + list(kept.values())})
+        del model
+        if facts.kind == "cuda":
+            torch.cuda.empty_cache()
+    return path, list(measured.values()), len(left)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="labkit tune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["lfm2-350m", "qwen3.5-0.8b"])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    p.add_argument("--time-limit-s", type=float, help="start no new key after this many seconds")
+    p.add_argument("--out-dir", type=Path, default=tuning.TUNING_DIR, help="where <gpu-slug>.json goes")
+    p.add_argument("--fresh", action="store_true", help="drop the entries of an existing file instead of keeping them")
+    p.add_argument("--max-candidates", type=int, help="try at most this many blockings per key (the heuristic's first)")
+    args = p.parse_args(argv)
+    for name in args.models:
+        if name not in PRESETS:
+            raise SystemExit(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    if not torch.cuda.is_available():
+        print("labkit tune times kernels on a CUDA GPU, and there is none here "
+              "(the CPU interpreter has its own fixed configuration)")
+        return 2
+    path, entries, left = run(args.models, args.batches, out_dir=args.out_dir, time_limit_s=args.time_limit_s,
+                              fresh=args.fresh, max_candidates=args.max_candidates,
+                              command=shlex.join(["python", "-m", "labkit", "tune", *argv]))
+    if entries:
+        print(f"wrote {len(entries)} entries to {path}" + (f"; the time limit left {left} keys untuned" if left else ""))
+    else:
+        print(f"nothing measured (time limit {args.time_limit_s} s); {path} is unchanged")
+    rejected = [e for e in entries if e.get("rejected")]
+    for e in rejected:
+        print(f"FAILED checks at some blockings of {e['ops'][0]} (batch bucket {e['key']['m_bucket']}): {e['rejected']}")
+    return 1 if rejected else 0

@@ -1,0 +1,35 @@
+"""`python -m labkit bench decode|prefill|ops` on a CPU: results files with their provenance, the
+wall-clock rows of labkit.generate, and a clear refusal where a GPU is needed."""
+
+import json
+
+import pytest
+import torch
+
+from labkit.__main__ import main
+
+
+def test_decode_and_prefill_write_results_with_provenance(tmp_path, capsys):
+    common = ["--models", "tiny-lfm2", "--batch", "2", "--repeats", "1", "--data-dir", str(tmp_path)]
+    assert main(["bench", "decode", *common, "--impls", "reference", "--prompt", "5", "--new-tokens", "3",
+                 "--wall-calls", "1", "2", "--name", "d"]) == 0
+    assert main(["bench", "prefill", *common, "--impls", "reference", "--lengths", "7", "--name", "p"]) == 0
+    (decode_file,) = tmp_path.glob("*/d.json")
+    doc = json.loads(decode_file.read_text())
+    assert doc["kind"] == "decode" and doc["versions"]["torch"] == torch.__version__ and doc["date"]
+    assert doc["command"].startswith("python -m labkit bench decode") and doc["device"]["copy_bytes_per_s"] > 0
+    for row in doc["results"]:
+        assert row["error"] is None and row["tokens_per_s"] > 0 and len(row["runs_tokens_per_s"]) == 1
+        assert [w["calls"] for w in row["wall_clock"]] == [1, 2]
+        for w in row["wall_clock"]:
+            assert w["seconds"] > 0 and w["tokens_per_s"] == pytest.approx(w["calls"] * 2 * 3 / w["seconds"])
+    (prefill,) = json.loads(next(tmp_path.glob("*/p.json")).read_text())["results"]
+    assert prefill["ms"] > 0 and prefill["tokens"] == 7
+    assert "generate() x2" in capsys.readouterr().out
+
+
+def test_ops_needs_a_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        return
+    assert main(["bench", "ops", "--models", "tiny-lfm2", "--name", "o", "--data-dir", str(tmp_path)]) == 2
+    assert "CUDA" in capsys.readouterr().out and not list(tmp_path.iterdir())
