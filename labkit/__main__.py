@@ -25,14 +25,16 @@ def _notebooks(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "bench":  # its own parser: python -m labkit bench {decode,prefill,hw,table}
-        from .bench import main as bench_main
+    own_parsers = {  # commands with their own parser: python -m labkit <command> --help
+        "bench": "labkit.bench.cli",
+        "tune": "labkit.bench.tune",
+        "compile-check": "labkit.compile_check",
+        "train-tiny": "labkit.train",
+    }
+    if argv and argv[0] in own_parsers:
+        import importlib
 
-        return bench_main(argv[1:])
-    if argv and argv[0] == "train-tiny":  # its own parser: python -m labkit train-tiny --family ...
-        from .train import main as train_main
-
-        return train_main(argv[1:])
+        return importlib.import_module(own_parsers[argv[0]]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -43,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a papermill parameter (a Python literal, else a string), repeatable")
     nb.add_argument("--log-output", action="store_true", help="stream the cells' output while they run")
     nb.set_defaults(func=_notebooks)
-    sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,hw,table} --help")
+    sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,ops,hw,table} --help")
+    sub.add_parser("tune", help="sweep the linear kernels' blockings on this GPU into data/tuning/<gpu>.json")
+    sub.add_parser("compile-check", help="compile every fused-step kernel for a GPU target, without a GPU")
     sub.add_parser("train-tiny", help="train a small byte-level model: python -m labkit train-tiny --help")
 
     args = parser.parse_args(argv)

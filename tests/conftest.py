@@ -25,7 +25,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
         # The interpreter checks every int32 index operation for overflow, in numpy, at ~0.5 ms
         # each: a third of the kernel tests' time. Test shapes are tiny and cannot overflow int32;
-        # the real-shape check is tools/gpu_fused_check.py on a GPU.
+        # the real-shape checks are tests/gpu, on a GPU.
         _interp.interpreter_builder.options = dataclasses.replace(
             _interp.interpreter_builder.options, sanitize_overflow=False
         )

@@ -2,7 +2,8 @@
 
 griddepcontrol has no meaning in Triton's CPU interpreter, so there it is stubbed out; what this
 checks is the code the PDL flag changes around it (weights loaded before the wait, the loop that
-uses them). The launch behaviour itself is checked on a GPU by tools/gpu_fused_check.py.
+uses them). The launch behaviour itself is checked on a GPU by tests/gpu (fused+graph+pdl against
+the other backends).
 """
 
 import pytest

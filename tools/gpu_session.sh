@@ -4,16 +4,21 @@
 #   train      train the byte-level checkpoints side by side; $OUT/ck-<name>.tar each (~6 min for both);
 #              FAMILIES (default "lfm2 qwen3.5"); CORPUS=<.tgz of a directory made by
 #              python -m labkit train-tiny --export-corpus> trains on that corpus
-#   fused      tools/gpu_fused_check.py: every kernel checked and timed     (~1.5 min)
-#   sweep      linear-kernel blockings swept, streamed to $OUT/sweep.jsonl (as long as SWEEP_TIMEOUT allows)
+#   gputests   python -m pytest -m gpu tests/gpu: every op and backend at the real shapes (~5 min; needs
+#              pytest in .whl/: pytest, pluggy, iniconfig)
+#   ops        python -m labkit bench ops: every decode op checked, then timed, into data/bench (~2 min)
+#   decode     python -m labkit bench decode: tokens/s of DECODE_IMPLS, steady state and wall clock of
+#              1 and 10 generate() calls, set-up included (~3 min)
+#   tune       python -m labkit tune: linear blockings swept into data/tuning/<gpu>.json, for at most
+#              TUNE_LIMIT_S seconds of new keys (default 240; TUNE_BATCHES, default "1 16")
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
 # GPU=1 runs on the second GPU of a two-GPU machine; two sessions on two GPUs may run side by side:
-#   (GPU=1 STAGES="train sweep" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks fused" bash tools/gpu_session.sh; wait
+#   (GPU=1 STAGES="train tune" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks gputests" bash tools/gpu_session.sh; wait
 source tools/gpu_env.sh
 GPU=${GPU:-0}
 export CUDA_VISIBLE_DEVICES=$GPU
 exec > >(tee $OUT/session-gpu$GPU.log) 2>&1
-STAGES=${STAGES:-notebooks train fused}
+STAGES=${STAGES:-notebooks train gputests ops}
 nvidia-smi -i $GPU --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 git log -1 --format=%h 2>/dev/null
@@ -42,13 +47,24 @@ for stage in $STAGES; do
       # one file per checkpoint: a file coming back from the device machine may be 16 MiB at most,
       # and the two (14 MB of bf16 weights each) do not fit in one
       for ck in data/checkpoints/*/; do tar cf $OUT/ck-$(basename $ck).tar -C data/checkpoints $(basename $ck); done ;;
-    fused)
-      PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${FUSED_TIMEOUT:-220} python3 tools/gpu_fused_check.py > $OUT/fused_check.log 2>&1
-      tail -60 $OUT/fused_check.log ;;
-    sweep)
-      timeout ${SWEEP_TIMEOUT:-300} python3 tools/gpu_fused_check.py --sweep-only --batches ${SWEEP_BATCHES:-1 16} \
-        > $OUT/sweep.log 2>&1
-      grep -a "best" $OUT/sweep.log | tail -40 ;;
+    gputests)
+      timeout ${GPUTESTS_TIMEOUT:-480} python3 -m pytest -m gpu tests/gpu -q -rfs > $OUT/gputests.log 2>&1
+      tail -40 $OUT/gputests.log ;;
+    ops)
+      PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${OPS_TIMEOUT:-300} python3 -m labkit bench ops --name bench-ops \
+        > $OUT/ops.log 2>&1
+      tail -60 $OUT/ops.log
+      tar czf $OUT/ops.tgz data/bench ;;
+    decode)
+      timeout ${DECODE_TIMEOUT:-400} python3 -m labkit bench decode --name bench-decode \
+        --impls ${DECODE_IMPLS:-reference fused+graph fused+graph+pdl} --repeats 3 > $OUT/decode.log 2>&1
+      tail -30 $OUT/decode.log
+      tar czf $OUT/decode.tgz data/bench ;;
+    tune)
+      timeout ${TUNE_TIMEOUT:-540} python3 -m labkit tune --batches ${TUNE_BATCHES:-1 16} \
+        --time-limit-s ${TUNE_LIMIT_S:-240} > $OUT/tune.log 2>&1
+      tail -40 $OUT/tune.log
+      cp data/tuning/*.json $OUT/ ;;
     compile)
       timeout ${COMPILE_TIMEOUT:-200} python3 -m labkit bench decode --impls transformers transformers+compile \
         --batch 1 16 --repeats 3 --name compile-peer-decode > $OUT/compile.log 2>&1

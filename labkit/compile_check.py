@@ -1,8 +1,8 @@
-#!/usr/bin/env python
 """Compile every Triton kernel variant of the fused decode step for a GPU, on a machine without one.
 
-    python tools/compile_check.py                       # sm_90 (H100/H200), both real presets
-    python tools/compile_check.py --arch 100 --batches 1 8
+    python -m labkit compile-check                      # sm_90 (H100/H200), both real presets
+    python -m labkit compile-check --arch 100 --batches 1 8
+    python -m labkit compile-check --gpu "NVIDIA H200"  # with that GPU's tuned blockings (data/tuning)
 
 The CPU interpreter runs the kernels' Python; it does not run Triton's compiler, so a kernel can
 pass every CPU test and still fail to compile (types, layouts, shared memory). This script runs
@@ -13,7 +13,9 @@ executes. It then reports, per kernel variant: registers, stack (spills), shared
 16-byte load instructions (ld.global.v4 or cp.async of 16 bytes) its PTX has.
 
 It leans on Triton 3.6 internals (``triton.runtime.driver.set_active``, ``JITFunction.run``'s
-``warmup``); on another version it may need adjusting. Results say nothing about speed.
+``warmup``); on another version it may need adjusting. Results say nothing about speed. It
+replaces Triton's driver for the whole process: run it as its own command, not from a session that
+goes on to launch kernels.
 """
 
 from __future__ import annotations
@@ -26,28 +28,27 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime import driver  # noqa: E402
-from triton.runtime import jit as triton_jit  # noqa: E402
+# What the stand-in driver tells Triton about the target: a nominal Hopper-class part (nothing
+# launches, so these only steer compile-time choices such as shared-memory limits).
+NOMINAL_TARGET = {"max_shared_mem": 232448, "max_num_regs": 65536, "warpSize": 32}
 
 
 class _Utils:
+    def __init__(self, sms: int) -> None:
+        self.sms = sms
+
     def get_device_properties(self, device):
-        return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}
+        return {**NOMINAL_TARGET, "multiprocessor_count": self.sms}
 
 
 class _CompileOnlyDriver:
     """Enough of a CUDA driver for Triton to pick a target and compile; it launches nothing."""
 
-    utils = _Utils()
-
-    def __init__(self, arch: int) -> None:
+    def __init__(self, arch: int, sms: int) -> None:
         self.arch = arch
+        self.utils = _Utils(sms)
 
     def get_current_device(self):
         return 0
@@ -56,6 +57,8 @@ class _CompileOnlyDriver:
         return 0
 
     def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
         return GPUTarget("cuda", self.arch, 32)
 
     def get_active_torch_device(self):
@@ -79,6 +82,8 @@ def _compile_only(original):
 
 def resource_usage(cubin: bytes) -> dict[str, int]:
     """Registers, spill bytes and static shared memory from cuobjdump (bundled with Triton)."""
+    import triton
+
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"labkit_compile_check_{os.getpid()}.cubin"
     path.write_bytes(cubin)
@@ -93,19 +98,37 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labkit compile-check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     parser.add_argument("--presets", nargs="*", default=["lfm2-350m", "qwen3.5-0.8b"])
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 16])
-    args = parser.parse_args()
+    parser.add_argument("--gpu", help="compile the blockings tuned for this GPU (its data/tuning file), "
+                                      "e.g. 'NVIDIA H200'; default: the heuristic's")
+    args = parser.parse_args(argv)
 
-    driver.set_active(_CompileOnlyDriver(args.arch))
-    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run)
+    if "triton" not in sys.modules:
+        os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
+    import triton
+    from triton.runtime import driver
+    from triton.runtime import jit as triton_jit
+
+    if triton.knobs.runtime.interpret:
+        print("compile-check needs Triton's compiler, but this process runs its interpreter "
+              "(TRITON_INTERPRET=1 before triton was imported): run it in a fresh process")
+        return 2
 
     import labkit
+    from labkit import tuning
     from labkit.fused import FusedDecoder
     from labkit.ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
+
+    driver.set_active(_CompileOnlyDriver(args.arch, launch.NOMINAL_SMS))
+    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run)
+    if args.gpu:  # the CPU stands in for that GPU when the fused backend looks up its blockings
+        table = tuning.linear_table(tuning.tuning_path(args.gpu))
+        tuning.device_table = lambda device=None, directory=None: table
 
     # CPU tensors stand in for CUDA ones: skip the device checks (and nothing runs anyway)
     for mod in (linear, short_conv, gated_delta_decode, attention_decode, greedy_head):
@@ -156,7 +179,3 @@ def main() -> int:
             print(f"  ^ ptxas spilled registers ({usage['stack']} bytes of stack)")
     print(f"\n{len(COMPILED)} kernel variants compiled for sm_{args.arch} in {time.time() - t0:.0f} s; {failures} failures")
     return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

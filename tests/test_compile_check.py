@@ -1,0 +1,35 @@
+"""`python -m labkit compile-check`: the fused step's kernels go through Triton's real compiler
+(and ptxas) for sm_90 on a machine without a GPU, which the CPU interpreter never exercises."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_fused_step_compiles_for_sm90_without_a_gpu():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "-m", "labkit", "compile-check", "--presets", "tiny-qwen3.5", "--batches", "1"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "compiled for sm_90" in run.stdout and "; 0 failures" in run.stdout
+    for kernel in ("_linear_kernel", "_gdn_decode_kernel", "_attention_decode_kernel", "_argmax_reduce_kernel"):
+        assert kernel in run.stdout
+
+
+def test_a_process_running_the_interpreter_is_refused(capsys):
+    from labkit import compile_check
+    from labkit.ops.launch import interpreting
+
+    if not interpreting():
+        pytest.skip("this process runs Triton's compiler")
+    assert compile_check.main(["--presets", "tiny-lfm2"]) == 2
+    assert "fresh process" in capsys.readouterr().out
