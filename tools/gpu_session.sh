@@ -4,7 +4,7 @@
 #   train      train the byte-level checkpoints side by side; $OUT/ck-<name>.tar each (~6 min for both);
 #              FAMILIES (default "lfm2 qwen3.5"); CORPUS=<.tgz of a directory made by
 #              python -m labkit train-tiny --export-corpus> trains on that corpus
-#   gputests   python -m pytest -m gpu tests/gpu: every op and backend at the real shapes (~5 min; needs
+#   gputests   python -m pytest -m gpu tests/gpu: every op and backend at the real shapes (~5-8 min; needs
 #              pytest in .whl/: pytest, pluggy, iniconfig)
 #   ops        python -m labkit bench ops: every decode op checked, then timed, into data/bench (~2 min)
 #   decode     python -m labkit bench decode: tokens/s of DECODE_IMPLS, steady state and wall clock of
@@ -48,7 +48,7 @@ for stage in $STAGES; do
       # and the two (14 MB of bf16 weights each) do not fit in one
       for ck in data/checkpoints/*/; do tar cf $OUT/ck-$(basename $ck).tar -C data/checkpoints $(basename $ck); done ;;
     gputests)
-      timeout ${GPUTESTS_TIMEOUT:-480} python3 -m pytest -m gpu tests/gpu -q -rfs > $OUT/gputests.log 2>&1
+      timeout ${GPUTESTS_TIMEOUT:-570} python3 -m pytest -m gpu tests/gpu -q -rfs > $OUT/gputests.log 2>&1
       tail -40 $OUT/gputests.log ;;
     ops)
       PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${OPS_TIMEOUT:-300} python3 -m labkit bench ops --name bench-ops \
@@ -57,7 +57,7 @@ for stage in $STAGES; do
       tar czf $OUT/ops.tgz data/bench ;;
     decode)
       timeout ${DECODE_TIMEOUT:-400} python3 -m labkit bench decode --name bench-decode \
-        --impls ${DECODE_IMPLS:-reference fused+graph fused+graph+pdl} --repeats 3 > $OUT/decode.log 2>&1
+        --impls ${DECODE_IMPLS:-fused fused+graph fused+graph+pdl} --repeats 3 > $OUT/decode.log 2>&1
       tail -30 $OUT/decode.log
       tar czf $OUT/decode.tgz data/bench ;;
     tune)
