@@ -17,7 +17,8 @@ from labkit.notebooks import INJECTED, notebook_paths, run_notebooks
 pytest.importorskip("papermill")
 
 NOTEBOOKS = notebook_paths()
-DATA = Path(__file__).resolve().parent.parent / "data"
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data"
 
 
 def _cells(path: Path) -> list[dict]:
@@ -30,6 +31,14 @@ def _tagged(cells: list[dict], tag: str) -> list[dict]:
 
 def test_there_are_notebooks():
     assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]
+
+
+def test_readme_claims_only_what_is_there():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for path in NOTEBOOKS:
+        assert f"](notebooks/{path.name}) | written |" in readme, f"README's notebook table lacks {path.name}"
+    if not list(REPO.glob("kernels/*.cu")):
+        assert "kernels/" not in readme, "README promises kernels/ (CUDA C++ sources), and there are none yet"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
