@@ -29,18 +29,18 @@ def run_notebooks(
     """Execute each notebook into ``out_dir``; returns one summary row per notebook.
 
     Each notebook gets the ``parameters`` its parameters cell declares (and INTERACTIVE=False where it
-    has widgets); a parameter that no selected notebook declares is a ValueError, before anything runs.
+    has widgets); a parameter that no notebook declares (a typo) is a ValueError, before anything runs.
     Results are written under data/ only by notebooks given SAVE_RESULTS=True. A notebook that fails
     (its asserts included) is reported, and the rest still run; the caller decides the exit status
     from the rows.
     """
     import papermill as pm
 
-    selected = [nb for nb in notebook_paths(directory) if not only or any(key in nb.name for key in only)]
-    declared = {nb: set(pm.inspect_notebook(str(nb))) for nb in selected}
+    declared = {nb: set(pm.inspect_notebook(str(nb))) for nb in notebook_paths(directory)}
     unknown = set(parameters or {}) - set().union(*declared.values())
     if unknown:
-        raise ValueError(f"no selected notebook has the parameter(s) {sorted(unknown)} in its parameters cell")
+        raise ValueError(f"no notebook has the parameter(s) {sorted(unknown)} in its parameters cell")
+    selected = [nb for nb in declared if not only or any(key in nb.name for key in only)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
