@@ -9,6 +9,7 @@ Playwright's Python client; Playwright's own browser downloads are never used. W
 playwright the test skips, except where the CI variable is set: there it fails, so CI never skips it.
 """
 
+import importlib.util
 import json
 import os
 import secrets
@@ -28,11 +29,20 @@ NOTEBOOK = REPO / "notebooks" / "00_model_and_roofline.ipynb"
 CHECK_CELL = "import labkit\nprint('labkit imported from', labkit.__file__)"
 
 
-def _missing(what: str) -> None:
-    reason = f"{what}; make test installs it (pip: the test extra; chromium: apt-get, as root)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the browser test, but {reason}")
-    pytest.skip(reason)
+@pytest.fixture
+def chromium() -> str:
+    """The system's Chromium, once JupyterLab and Playwright are known to be there too."""
+    missing = [what for what, there in [
+        ("chromium (apt-get install chromium)", shutil.which("chromium")),
+        ("playwright (the test extra)", importlib.util.find_spec("playwright")),
+        ("jupyterlab (the notebooks extra)", importlib.util.find_spec("jupyterlab")),
+    ] if not there]
+    if missing:
+        reason = f"the browser test needs {', '.join(missing)}; make test installs them (chromium as root)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser test, but {reason}")
+        pytest.skip(reason)
+    return shutil.which("chromium")
 
 
 def _free_port() -> int:
@@ -50,7 +60,6 @@ def _get(url: str) -> bytes:
 def lab(tmp_path):
     """A JupyterLab server over a copy of notebook 00; yields (base url, token). Shut down afterwards,
     kernels first, whatever the test did."""
-    pytest.importorskip("jupyterlab", reason="JupyterLab is not installed (the notebooks extra)")
     root, home = tmp_path / "lab", tmp_path / "jupyter"
     root.mkdir()
     nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
@@ -130,18 +139,14 @@ def _roofline_image(page) -> str:
     return page.locator(".jupyter-widgets .widget-output img").first.get_attribute("src") or ""
 
 
-def test_roofline_widget_redraws_in_jupyterlab(lab, tmp_path):
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        _missing("chromium is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright is not installed")
-    base, token = lab
+def test_roofline_widget_redraws_in_jupyterlab(chromium, lab, tmp_path):
+    from playwright.sync_api import sync_playwright
 
+    base, token = lab
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        # root in CI: no sandbox; containers often have a small /dev/shm
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=["--no-sandbox", "--disable-dev-shm-usage"])
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
