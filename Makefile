@@ -1,6 +1,8 @@
 # The two commands of the README. Both set up .venv from nothing on a fresh machine.
 #   make test   install, then run the whole test suite (CPU is enough: kernels run in Triton's interpreter)
 #   make run    install, then execute every notebook with papermill into build/ and print a summary
+# and one to read and play:
+#   make lab    install, then open the workbook in JupyterLab (LAB_ARGS="--no-browser --port 8899" ...)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +13,7 @@ PIP    := $(PY) -m pip
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TRITON   := $(if $(HAVE_GPU),,triton==3.6.0)
 
-.PHONY: test run install clean
+.PHONY: test run lab install chromium clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +25,23 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed chromium
 	$(PY) -m pytest -q tests
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then $(PY) -m pytest -q -p no:cacheprovider --nbval-lax notebooks; fi
 
 run: $(VENV)/.installed
 	$(PY) -m labkit notebooks --out build
+
+lab: $(VENV)/.installed
+	$(PY) -m jupyterlab notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+# tests/test_browser.py drives Debian's Chromium (never a browser that Playwright downloads). Installed
+# here when missing where apt-get can (root: CI); elsewhere that test skips, and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is not installed (apt-get install chromium): the browser test will be skipped"; fi; }
 
 clean:
 	rm -rf $(VENV) build

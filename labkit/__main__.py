@@ -18,7 +18,11 @@ def _notebooks(args: argparse.Namespace) -> int:
             params[name] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             params[name] = text
-    rows = run_notebooks(args.out, parameters=params, only=args.only, log_output=args.log_output)
+    try:
+        rows = run_notebooks(args.out, parameters=params, only=args.only, log_output=args.log_output)
+    except ValueError as exc:  # a parameter no notebook has: nothing ran
+        print(f"labkit notebooks: {exc}", file=sys.stderr)
+        return 2
     print_summary(rows)
     return 1 if any(r["error"] for r in rows) else 0
 

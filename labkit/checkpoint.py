@@ -163,26 +163,48 @@ def _tensor_index(path: Path) -> dict[str, Path]:
     return found
 
 
+HUB_PREFIX = "hub:"
+
+
 def _resolve(path: str | Path) -> Path:
+    """The local checkpoint directory; a Hugging Face Hub download only for an explicit "hub:owner/name".
+
+    A local path that does not exist is an error here, never a network request, whatever it looks like.
+    """
+    text = str(path)
+    if text.startswith(HUB_PREFIX):
+        return _from_hub(text.removeprefix(HUB_PREFIX))
     p = Path(path).expanduser()
     if p.is_dir():
         return p
     if p.exists():
         raise CheckpointError(f"{p} is a file; labkit.load wants the checkpoint directory")
-    if "/" in str(path) and not str(path).startswith((".", "/", "~")):
-        try:  # a hub repo id, when the user has network and huggingface_hub
-            from huggingface_hub import snapshot_download
-        except ImportError:
-            snapshot_download = None
-        if snapshot_download is not None:
-            return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
-    raise CheckpointError(f"no checkpoint directory at {p}")
+    hint = f" (for the Hugging Face Hub repo, load '{HUB_PREFIX}{text}')" if _looks_like_repo_id(text) else ""
+    raise CheckpointError(f"no checkpoint directory at {p}{hint}")
+
+
+def _looks_like_repo_id(text: str) -> bool:
+    return text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/"))
+
+
+def _from_hub(repo_id: str) -> Path:
+    if not _looks_like_repo_id(repo_id):
+        raise CheckpointError(f"{HUB_PREFIX}{repo_id}: a Hub checkpoint is named {HUB_PREFIX}owner/name")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise CheckpointError(f"loading {HUB_PREFIX}{repo_id} needs huggingface_hub: pip install huggingface_hub") from exc
+    return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"]))
 
 
 def load(
     path: str | Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"
 ) -> HybridLM:
-    """Load a transformers checkpoint directory (config.json + safetensors) of LFM2 or Qwen3.5."""
+    """Load a transformers checkpoint (config.json + safetensors) of LFM2 or Qwen3.5.
+
+    ``path`` is a local directory, or ``"hub:owner/name"`` to download (config and safetensors only)
+    from the Hugging Face Hub with huggingface_hub. Nothing else reaches the network.
+    """
     from safetensors import safe_open
 
     root = _resolve(path)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+INJECTED = "injected-parameters"  # the tag of the cell papermill adds with a run's parameters
 
 
 def notebook_paths(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -25,35 +28,85 @@ def run_notebooks(
 ) -> list[dict[str, Any]]:
     """Execute each notebook into ``out_dir``; returns one summary row per notebook.
 
-    A notebook that fails (its asserts included) is reported, and the rest still run; the caller
-    decides the exit status from the rows.
+    Each notebook gets the ``parameters`` its parameters cell declares (and INTERACTIVE=False where it
+    has widgets); a parameter that no notebook declares (a typo) is a ValueError, before anything runs.
+    Results are written under data/ only by notebooks given SAVE_RESULTS=True. A notebook that fails
+    (its asserts included) is reported, and the rest still run; the caller decides the exit status
+    from the rows.
     """
     import papermill as pm
 
+    declared = {nb: set(pm.inspect_notebook(str(nb))) for nb in notebook_paths(directory)}
+    unknown = set(parameters or {}) - set().union(*declared.values())
+    if unknown:
+        raise ValueError(f"no notebook has the parameter(s) {sorted(unknown)} in its parameters cell")
+    selected = [nb for nb in declared if not only or any(key in nb.name for key in only)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for nb in notebook_paths(directory):
-        if only and not any(key in nb.name for key in only):
-            continue
+    for nb in selected:
+        # a batch run has no frontend to draw widgets in (and ipywidgets can stall it)
+        given = {name: value for name, value in {"INTERACTIVE": False, **(parameters or {})}.items()
+                 if name in declared[nb]}
         t0 = time.perf_counter()
         error = None
         try:
-            pm.execute_notebook(
-                str(nb),
-                str(out / nb.name),
-                # a batch run has no frontend to draw widgets in (and ipywidgets can stall it)
-                parameters={"INTERACTIVE": False, **(parameters or {})},
-                kernel_name=kernel_name,
-                cwd=str(nb.parent),
-                progress_bar=False,
-                execution_timeout=cell_timeout_s,  # a hung kernel fails the run instead of stalling it
-                log_output=log_output,
-            )
+            with _batch_environment():
+                pm.execute_notebook(
+                    str(nb),
+                    str(out / nb.name),
+                    parameters=given,
+                    kernel_name=kernel_name,
+                    cwd=str(nb.parent),
+                    progress_bar=False,
+                    execution_timeout=cell_timeout_s,  # a hung kernel fails the run instead of stalling it
+                    log_output=log_output,
+                )
         except Exception as exc:  # papermill wraps the cell's exception; keep its first line
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if (out / nb.name).exists():
+            drop_injected_parameters(out / nb.name)
         rows.append({"notebook": nb.name, "seconds": time.perf_counter() - t0, "error": error})
     return rows
+
+
+@contextmanager
+def _batch_environment():
+    """What the kernels of a batch run inherit (they copy this process's environment): no progress
+    bars, which tqdm writes to stderr and which would end up in the executed notebook's outputs."""
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TQDM_DISABLE"]
+
+
+def drop_injected_parameters(path: str | Path) -> bool:
+    """Remove papermill's injected-parameters cell from a notebook file in place; True if it had one.
+
+    An executed notebook is committed without it: opened in JupyterLab, its batch values
+    (INTERACTIVE=False, SAVE_RESULTS=True) would override the defaults of the ``parameters`` cell.
+    Only the cells list changes; every other byte is written back as it was (nbformat's layout,
+    checked before writing), and ``metadata.papermill.parameters`` still records what the run was given.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    nb = json.loads(text)
+    ending = text[len(text.rstrip("\n")):]
+    if _nbformat_json(nb) + ending != text:
+        raise ValueError(f"{path} is not laid out as nbformat writes it; refusing to rewrite it")
+    cells = [c for c in nb["cells"] if INJECTED not in c.get("metadata", {}).get("tags", [])]
+    if len(cells) == len(nb["cells"]):
+        return False
+    nb["cells"] = cells
+    path.write_text(_nbformat_json(nb) + ending, encoding="utf-8")
+    return True
+
+
+def _nbformat_json(nb: dict) -> str:
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False, separators=(",", ": "))
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:

@@ -16,7 +16,10 @@ code that is not a module (fused Triton backends) are attributed by their names.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -202,6 +205,49 @@ def _union_ms(spans: list[tuple[float, float]]) -> float:
     return busy / 1e3
 
 
+# Kineto (torch.profiler's engine) writes one of these to the process's stderr, from C++, each time a
+# profile starts and stops: markers for USDT tracing probes, not messages for a reader.
+_KINETO_MARKER = re.compile(r"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextmanager
+def _profiling(activities):
+    """``torch.profiler.profile`` over the block, without kineto's start/stop markers on stderr.
+
+    No KINETO_LOG_LEVEL hides the markers and still shows kineto's errors (their level ranks above
+    ERROR), so the process's stderr is caught while the profiler starts and while it stops, and
+    every other line caught there is written back. ``acc_events=True``: one profiling cycle here,
+    and torch 2.10-2.11 warn on every profile that does not set it.
+    """
+    prof = profile(activities=activities, acc_events=True)
+    with _without_kineto_markers():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _without_kineto_markers():
+            prof.__exit__(None, None, None)
+
+
+@contextmanager
+def _without_kineto_markers():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not _KINETO_MARKER.match(line))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
+
+
 @torch.no_grad()
 def profile_decode(
     model: HybridLM,
@@ -232,7 +278,7 @@ def profile_decode(
     token = last["token"]
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with _module_scopes(model), profile(activities=activities) as prof:
+    with _module_scopes(model), _profiling(activities) as prof:
         for _ in range(steps):
             with record_function("labkit::step"):
                 logits = decoder.step(token)

@@ -1,6 +1,8 @@
 """Loading checkpoints: round trips, sharded files, and bad checkpoints with errors that name the tensor."""
 
 import json
+import sys
+import types
 
 import pytest
 import torch
@@ -103,3 +105,37 @@ def test_missing_files_are_clear_errors(tmp_path):
         labkit.load(tmp_path / "nowhere")
     with pytest.raises(labkit.CheckpointError, match="no config.json"):
         labkit.load(tmp_path)
+
+
+def _fake_hub(monkeypatch, answer):
+    """huggingface_hub with its download replaced: records each call, answers ``answer`` (no network)."""
+    calls = []
+
+    def snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(answer)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download))
+    return calls
+
+
+def test_a_missing_local_path_never_reaches_the_hub(tmp_path, monkeypatch):
+    calls = _fake_hub(monkeypatch, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(labkit.CheckpointError, match="no checkpoint directory at runs/ckpt"):
+        labkit.load("runs/ckpt")
+    with pytest.raises(labkit.CheckpointError, match="load 'hub:LiquidAI/LFM2-350M'"):
+        labkit.load("LiquidAI/LFM2-350M")
+    assert calls == []
+
+
+def test_hub_prefix_downloads_config_and_safetensors(tmp_path, monkeypatch):
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=4)
+    labkit.save(model, tmp_path / "snapshot")
+    calls = _fake_hub(monkeypatch, tmp_path / "snapshot")
+    again = labkit.load("hub:owner/tiny", dtype=torch.float32)
+    assert calls == [("owner/tiny", {"allow_patterns": ["*.json", "*.safetensors"]})]
+    assert torch.equal(_logits(again), _logits(model))
+    with pytest.raises(labkit.CheckpointError, match="hub:owner/name"):
+        labkit.load("hub:no-owner")
+    assert len(calls) == 1

@@ -1,21 +1,30 @@
 """The profiler report: op families on a CPU run, and kernel attribution from synthetic GPU events."""
 
+import os
 from types import SimpleNamespace as NS
 
 import torch
 
 import labkit
-from labkit.profile import StepProfile, _attribute_kernels, profile_decode
+from labkit.profile import StepProfile, _attribute_kernels, _without_kineto_markers, profile_decode
 
 CPU, GPU = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 
-def test_cpu_profile_covers_every_mixer_family():
+def test_cpu_profile_covers_every_mixer_family(capfd):
     model = labkit.build("tiny-qwen3.5", dtype=torch.float32)
     p = profile_decode(model, batch=2, context=9, steps=2, warmup=1)
+    assert "profiler_st" not in capfd.readouterr().err  # kineto's USDT start/stop markers
     assert p.step_ms > 0 and p.kernels_per_step is None
     assert {"gdn", "attention", "norm", "mlp", "projections", "lm_head"} <= set(p.family_ms)
     assert abs(sum(share for _, _, share in p.table()) - 1) < 1e-9
+
+
+def test_only_kineto_markers_are_dropped_from_stderr(capfd):
+    with _without_kineto_markers():
+        os.write(2, b"USDT:2026-11-30 23:26:25 9986:9986 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+                    b"ERROR:2026-11-30 23:26:25 9986:9986 CuptiActivityApi.cpp:90] a real problem\n")
+    assert capfd.readouterr().err == "ERROR:2026-11-30 23:26:25 9986:9986 CuptiActivityApi.cpp:90] a real problem\n"
 
 
 def _op(name, parent=None, kernels=()):
