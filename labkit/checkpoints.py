@@ -39,7 +39,7 @@ def checkpoint_path(name: str) -> Path:
         family = "lfm2" if "lfm2" in name else "qwen3.5"
         raise FileNotFoundError(
             f"checkpoint {name!r} is not at {path}; train it with "
-            f"`python -m labkit.train --family {family} --out {path}` (see labkit/train.py)"
+            f"`python -m labkit.train --family {family} --out {path}` (see labkit/train/)"
         )
     return path
 

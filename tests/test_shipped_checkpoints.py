@@ -6,6 +6,7 @@ decodes them to the same greedy text, and they meet the held-out loss their trai
 import json
 import math
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import rel_err
 from labkit import train as T
 from labkit.checkpoints import checkpoints_dir
 from labkit.tokenizer import ByteTokenizer
+from labkit.train.cli import parser
 
 NAMES = sorted(labkit.CHECKPOINTS)
 PROMPT = "def fibonacci(n):"
@@ -125,6 +127,15 @@ def test_heldout_loss_as_claimed(shipped):
     assert final["heldout_bits_per_byte"] == pytest.approx(final["heldout_loss"] / math.log(2))
     card = (path / "README.md").read_text()
     assert f"{final['heldout_loss']:.4f}" in card and f"{final['heldout_bits_per_byte']:.3f}" in card
+
+
+def test_record_remakes_its_card_and_command(shipped):
+    """The card is made from the record alone: the shipped record gives the shipped README byte for
+    byte, and its command parses back to its recorded arguments."""
+    name, path, record, _ = shipped
+    assert T.model_card(record) == (path / "README.md").read_text()
+    args = shlex.split(record["command"])[3:]
+    assert T.TrainOptions.from_namespace(parser().parse_args(args)).recorded() == record["args"]
 
 
 def test_readme_states_the_shipped_figures():
