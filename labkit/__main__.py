@@ -27,6 +27,14 @@ def _notebooks(args: argparse.Namespace) -> int:
     return 1 if any(r["error"] for r in rows) else 0
 
 
+def _strip(args: argparse.Namespace) -> int:
+    from .notebooks import drop_injected_parameters
+
+    for path in args.paths:
+        print(f"{path}: {'removed the injected-parameters cell' if drop_injected_parameters(path) else 'none'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own_parsers = {  # commands with their own parser: python -m labkit <command> --help
@@ -49,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a papermill parameter (a Python literal, else a string), repeatable")
     nb.add_argument("--log-output", action="store_true", help="stream the cells' output while they run")
     nb.set_defaults(func=_notebooks)
+    strip = sub.add_parser("strip-notebooks", help="remove papermill's injected-parameters cell from executed "
+                           "notebooks before committing them (labkit notebooks already writes them without it)")
+    strip.add_argument("paths", nargs="+")
+    strip.set_defaults(func=_strip)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,ops,hw,table} --help")
     sub.add_parser("tune", help="sweep the linear kernels' blockings on this GPU into data/tuning/<gpu>.json")
     sub.add_parser("compile-check", help="compile every fused-step kernel for a GPU target, without a GPU")

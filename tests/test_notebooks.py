@@ -48,7 +48,7 @@ def test_committed_notebook_runs_with_its_own_defaults(path):
     cells = _cells(path)
     assert not _tagged(cells, INJECTED), (
         f"{path.name} holds papermill's {INJECTED} cell; remove it with "
-        f"`python tools/strip_injected_parameters.py {path.relative_to(path.parent.parent)}`")
+        f"`python -m labkit strip-notebooks {path.relative_to(path.parent.parent)}`")
     (params,) = _tagged(cells, "parameters")
     defaults: dict = {}
     exec("".join(params["source"]), {}, defaults)
