@@ -7,5 +7,5 @@ imports flow ``labkit.* -> labkit.ops``, never back.
 References: ``norm``, ``rope``, ``causal_conv``, ``delta_rule``. Triton decode kernels (import
 triton; see ``launch`` for what they share): ``linear`` (skinny GEMM with RMSNorm prologue and
 residual / SwiGLU / short-conv / argmax epilogues), ``greedy_head``, ``short_conv``,
-``gated_delta_decode``, ``attention_decode``.
+``gated_delta_decode``, ``attention_decode``; for prefill, ``chunk_delta_rule`` (the chunked delta rule).
 """

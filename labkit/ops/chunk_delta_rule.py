@@ -1,0 +1,715 @@
+"""The gated delta rule over whole prompts (prefill), a chunk of 64 tokens at a time, in Triton.
+
+Forward only. The function is :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`'s: per
+sequence and value head, from a float32 state S [K, V],
+
+    S <- exp(g_t) S;   u_t = beta_t (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t / sqrt(K)
+
+computed in the chunked WY / UT form of :mod:`labkit.ops.delta_rule`'s docstring. Within a chunk
+of C = 64 tokens that starts from state S0, with G_t = g_1 + ... + g_t (float32 cumulative
+log-decays, so exp(G_t) <= 1 is the decay from the chunk start to token t):
+
+    L[s, r] = beta_s exp(G_s - G_r) (k_s . k_r)   for r < s, else 0           [C, C]
+    X       = (I + L)^-1                          unit lower-triangular       [C, C]
+    W       = X diag(beta exp(G)) K               how the start state leaks into the deltas [C, K]
+    U0      = X diag(beta) V                      the deltas from a zero start state        [C, V]
+    P       = M o (Q K^T) / sqrt(K),  M[t, s] = exp(G_t - G_s) for s <= t, else 0      [C, C]
+
+    U       = U0 - W S0                                            the deltas u_t of the chunk
+    O       = diag(exp(G)) Q S0 / sqrt(K) + P U                    its outputs
+    S_C     = exp(G_C) S0 + (diag(exp(G_C - G)) K)^T U             the state after it
+
+Only the last three lines depend on S0. Three kernels (like fla's chunk path, but with the output
+products folded into the state walk, so chunk states never go through memory):
+
+- ``_prepare_kernel``, one program per (chunk, value head), all in parallel: G, W, U0, P (stored
+  like the inputs, [tokens, Hv, ...]). X is formed in 16 x 16 blocks (the smallest tl.dot tile):
+  each diagonal block by forward substitution, then X_ij = -X_ii sum_{j<=m<i} L_im X_mj below
+  the diagonal. That is the usual stable triangular inverse; power-series shortcuts
+  ((I - L)(I + L^2)(I + L^4)...) cancel catastrophically when keys repeat, so none is used.
+- ``_walk_kernel``, one program per (sequence, value head, block of BLOCK_V value columns): walks
+  the chunks in order carrying S[:, block] in registers, and writes each chunk's outputs, the
+  checkpoints and the final state. Value columns are independent, so the blocks need no
+  coordination.
+
+At batch 1 (16 heads x 128 columns) that is 64 sequential programs for 132 SMs. The state update
+is affine in S, S_end = A S_start + B over any stretch of tokens, so a long sequence is also cut
+into segments of ``split`` chunks:
+
+- ``_transition_kernel``, per (segment, value head, column block): B = the segment's walk from
+  S = 0; A (a [K, K] matrix) = the walk from S = I with U0 = 0 (its deltas are -W S only). One
+  walk over the augmented state [B | A] of V + K columns; the last segment of each sequence is
+  never needed and skipped.
+- ``_combine_kernel``, per (sequence, value head, column block): S_{j+1} = A_j S_j + B_j in order
+  over the segments (a short sequential scan), leaving each segment's start state in memory.
+- ``_walk_kernel`` again, now per (segment, value head, column block) from those start states.
+
+Each segment is walked twice (for its map, over V + K columns, then for its outputs): two to
+three times the plain walk's arithmetic, for ``segments`` times its parallelism, so
+:func:`prefill_split` turns it on only where heads alone cannot fill the GPU.
+
+Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
+triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
+takes its operands in the input dtype (bf16 tensor-core products on a GPU), so the state and the
+deltas are rounded to bf16 where they enter a product, never where they are kept; W, U0 and P
+are stored in the input dtype. With bf16 inputs that is about 3e-3 relative error where rounding
+the output alone is 2e-3. Float32 inputs get float32 products throughout.
+
+Variable-length batches come packed along T with batch 1 and cumulative offsets ``cu_seqlens``
+(as in fla and FlashInfer). Programs find their sequence and chunk by a vector search over
+``cu_seqlens`` on the GPU, so nothing is read back to the host and a call can be captured in a
+CUDA graph; grids are sized by an upper bound, and programs past the last chunk exit.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import (
+    FLOAT_DTYPES,
+    TORCH_TO_TL,
+    cast,
+    cdiv,
+    check_devices,
+    check_no_overlap,
+    check_tensor,
+    device_function,
+    dot,
+    interpreter_flags,
+    interpreting,
+    next_pow2,
+    num_sms,
+)
+
+CHUNK = 64  # tokens per chunk: 4 blocks of SUB for the triangular inverse
+SUB = 16  # the triangular inverse's block (tl.dot's smallest tile)
+MAX_HEAD_DIM = 256
+# A segment shorter than this many chunks does not repay the combine's per-segment [K, K] product
+# (a guess until the benchmark sweeps it on the GPU).
+MIN_SEGMENT_CHUNKS = 8
+
+
+# -- device helpers ---------------------------------------------------------------------------------
+@device_function
+def _mm(a, b, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """a @ b with float32 accumulation on operands rounded to DT, the input dtype (bf16 tensor-core
+    products on a GPU, as fla rounds them). With DOT_F32 (the interpreter) the rounded operands
+    are multiplied as float32, which gives the same products."""
+    a = cast(a, DT, EMULATE_RTNE)
+    b = cast(b, DT, EMULATE_RTNE)
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@device_function
+def _mm32(a, b, EXACT: tl.constexpr):
+    """a @ b of float32 operands: full float32 ("ieee", CUDA-core FMAs) when EXACT, else TF32."""
+    if EXACT:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision="tf32")
+
+
+@device_function
+def _lengths(cu_ptr, num_seqs, BLOCK_N: tl.constexpr):
+    """(index, start, end) of every sequence as [BLOCK_N] vectors; padding lanes are empty."""
+    i = tl.arange(0, BLOCK_N)
+    live = i < num_seqs
+    bos = tl.load(cu_ptr + i, mask=live, other=0).to(tl.int32)
+    eos = tl.load(cu_ptr + i + 1, mask=live, other=0).to(tl.int32)
+    return i, bos, tl.maximum(eos, bos)
+
+
+@device_function
+def _locate(cu_ptr, unit, num_seqs, span, BLOCK_N: tl.constexpr):
+    """Which piece is work unit ``unit``, counting the pieces of ``span`` tokens (the last one of a
+    sequence shorter) of every sequence in order: (sequence, piece within it, start and end of
+    the sequence). Past the last piece the sequence is >= num_seqs and start == end == 0."""
+    i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
+    pieces = tl.cdiv(eos_i - bos_i, span)
+    ends = tl.cumsum(pieces, 0)
+    seq = tl.sum((ends <= unit).to(tl.int32), 0)
+    here = i == seq
+    first = tl.sum(tl.where(here, ends - pieces, 0), 0)
+    bos = tl.sum(tl.where(here, bos_i, 0), 0)
+    eos = tl.sum(tl.where(here, eos_i, 0), 0)
+    return seq, unit - first, bos, eos
+
+
+@device_function
+def _at(ptr, t, H, h, D):
+    """&x[t, h, 0] of a [tokens, H, D] tensor. The int64 arithmetic happens once, on this scalar;
+    offsets within a chunk fit int32, so tiles carry no 64-bit index per element (registers)."""
+    return ptr + (tl.cast(t, tl.int64) * H + h) * D
+
+
+@device_function
+def _tile(base, rows, m, stride, cols, cmask):
+    """base[rows * stride + cols] (zero where masked), in its own dtype."""
+    return tl.load(base + rows[:, None] * stride + cols[None, :], mask=m[:, None] & cmask[None, :], other=0.0)
+
+
+@device_function
+def _store_tile(base, rows, m, stride, cols, cmask, x, OUT_DTYPE: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    tl.store(base + rows[:, None] * stride + cols[None, :], cast(x, OUT_DTYPE, EMULATE_RTNE),
+             mask=m[:, None] & cmask[None, :])
+
+
+@device_function
+def _gates(g_base, beta_base, gcum_base, rows, m, carry, HV):
+    """Gates of a block of rows: (G, beta) as float32, G = carry + the running sum of g (stored);
+    and the new carry."""
+    g = tl.load(g_base + rows * HV, mask=m, other=0.0).to(tl.float32)
+    G = carry + tl.cumsum(g, 0)
+    tl.store(gcum_base + rows * HV, G, mask=m)
+    beta = tl.load(beta_base + rows * HV, mask=m, other=0.0).to(tl.float32)
+    return G, beta, carry + tl.sum(g, 0)
+
+
+@device_function
+def _decayed(a, b, Ga, Gb, DIAG: tl.constexpr, DOT_F32: tl.constexpr):
+    """exp(Ga[s] - Gb[r]) (a_s . b_r) for rows s and columns r of one chunk: all of them when
+    the rows are a later block than the columns (DIAG 0); only r < s (DIAG 1) or r <= s (DIAG 2)
+    when they are the same tokens. Masked before the exp: above the diagonal Ga - Gb > 0 could
+    overflow."""
+    n: tl.constexpr = a.shape[0]
+    ab = dot(a, tl.trans(b), tl.zeros([n, n], dtype=tl.float32), DOT_F32)
+    diff = Ga[:, None] - Gb[None, :]
+    if DIAG == 1:
+        diff = tl.where(tl.arange(0, n)[:, None] > tl.arange(0, n)[None, :], diff, float("-inf"))
+    elif DIAG == 2:
+        diff = tl.where(tl.arange(0, n)[:, None] >= tl.arange(0, n)[None, :], diff, float("-inf"))
+    return tl.exp(diff) * ab
+
+
+@device_function
+def _invert_unit_lower(L):
+    """(I + L)^-1 for a strictly lower-triangular n x n L: n - 1 rounds of X <- I - L X from X = I.
+
+    This is forward substitution with every row redone each round (one dot per round instead
+    of n row extractions): row i of I - L X reads only rows r < i of X (L[i, r] = 0 for r >= i),
+    and after round m rows 0..m are final, computed from final rows as forward substitution
+    computes them. Rows not final yet hold partial Neumann sums; they are finite for n = 16 and
+    |L| <= 1 (below 2^n), and only ever meet the exact zeros of L.
+    """
+    n: tl.constexpr = L.shape[0]
+    eye = (tl.arange(0, n)[:, None] == tl.arange(0, n)[None, :]).to(tl.float32)
+    X = eye
+    for _ in tl.static_range(1, n):
+        X = eye - _mm32(L, X, True)
+    return X
+
+
+@device_function
+def _solve_rows(base, stride, cols, cmask, x0, x1, x2, x3, Y00, Y10, Y11, Y20, Y21, Y22, Y30, Y31, Y32, Y33, n,
+                SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Stores Y x for a block lower-triangular Y (blocks Y_ij) and x given as its four 16-row
+    blocks x0..x3 (rows past n are not stored)."""
+    r = tl.arange(0, SUB)
+    _store_tile(base, r, r < n, stride, cols, cmask, _mm(Y00, x0, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+    _store_tile(base, SUB + r, SUB + r < n, stride, cols, cmask,
+                _mm(Y10, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y11, x1, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+    _store_tile(base, 2 * SUB + r, 2 * SUB + r < n, stride, cols, cmask,
+                _mm(Y20, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y21, x1, DT, DOT_F32, EMULATE_RTNE)
+                + _mm(Y22, x2, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+    _store_tile(base, 3 * SUB + r, 3 * SUB + r < n, stride, cols, cmask,
+                _mm(Y30, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y31, x1, DT, DOT_F32, EMULATE_RTNE)
+                + _mm(Y32, x2, DT, DOT_F32, EMULATE_RTNE) + _mm(Y33, x3, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+
+
+# -- kernel A: the intra-chunk quantities -----------------------------------------------------------
+@device_function
+def _prepare_chunk(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, t0, n, hv, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr,
+    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """The chunk of n tokens from t0, value head hv."""
+    C: tl.constexpr = 4 * SUB
+    hk = hv // (HV // HK)
+    kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    q_at = _at(q_ptr, t0, HK, hk, DK)
+    k_at = _at(k_ptr, t0, HK, hk, DK)
+    v_at = _at(v_ptr, t0, HV, hv, DV)
+    g_at = _at(g_ptr, t0, HV, hv, 1)
+    beta_at = _at(beta_ptr, t0, HV, hv, 1)
+    gcum_at = _at(gcum_ptr, t0, HV, hv, 1)
+    r0 = tl.arange(0, SUB)
+    r1 = SUB + r0
+    r2 = 2 * SUB + r0
+    r3 = 3 * SUB + r0
+    m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
+    # Rows past the chunk's end read g = beta = k = v = 0: they decay nothing and write nothing.
+    G0, b0, carry = _gates(g_at, beta_at, gcum_at, r0, m0, 0.0, HV)
+    G1, b1, carry = _gates(g_at, beta_at, gcum_at, r1, m1, carry, HV)
+    G2, b2, carry = _gates(g_at, beta_at, gcum_at, r2, m2, carry, HV)
+    G3, b3, carry = _gates(g_at, beta_at, gcum_at, r3, m3, carry, HV)
+    k0 = _tile(k_at, r0, m0, HK * DK, kk, kmask)
+    k1 = _tile(k_at, r1, m1, HK * DK, kk, kmask)
+    k2 = _tile(k_at, r2, m2, HK * DK, kk, kmask)
+    k3 = _tile(k_at, r3, m3, HK * DK, kk, kmask)
+
+    # X = (I + L)^-1 by 16 x 16 blocks; L_ij = diag(beta_i) (decayed k_i k_j^T)
+    X00 = _invert_unit_lower(b0[:, None] * _decayed(k0, k0, G0, G0, 1, DOT_F32))
+    X11 = _invert_unit_lower(b1[:, None] * _decayed(k1, k1, G1, G1, 1, DOT_F32))
+    X22 = _invert_unit_lower(b2[:, None] * _decayed(k2, k2, G2, G2, 1, DOT_F32))
+    X33 = _invert_unit_lower(b3[:, None] * _decayed(k3, k3, G3, G3, 1, DOT_F32))
+    L10 = b1[:, None] * _decayed(k1, k0, G1, G0, 0, DOT_F32)
+    L20 = b2[:, None] * _decayed(k2, k0, G2, G0, 0, DOT_F32)
+    L21 = b2[:, None] * _decayed(k2, k1, G2, G1, 0, DOT_F32)
+    L30 = b3[:, None] * _decayed(k3, k0, G3, G0, 0, DOT_F32)
+    L31 = b3[:, None] * _decayed(k3, k1, G3, G1, 0, DOT_F32)
+    L32 = b3[:, None] * _decayed(k3, k2, G3, G2, 0, DOT_F32)
+    X10 = -_mm32(X11, _mm32(L10, X00, True), True)
+    X21 = -_mm32(X22, _mm32(L21, X11, True), True)
+    X32 = -_mm32(X33, _mm32(L32, X22, True), True)
+    X20 = -_mm32(X22, _mm32(L20, X00, True) + _mm32(L21, X10, True), True)
+    X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
+    X30 = -_mm32(X33, _mm32(L30, X00, True) + _mm32(L31, X10, True) + _mm32(L32, X20, True), True)
+
+    # W = (X diag(beta e^G)) K and U0 = (X diag(beta)) V: the gates scale the columns of X, so
+    # that K and V enter the products as loaded; a block of columns at a time (fewer live registers)
+    e0, e1, e2, e3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
+    w_at = _at(w_ptr, t0, HV, hv, DK)
+    for c0 in tl.static_range(0, BLOCK_K, KC):
+        cols = c0 + tl.arange(0, KC)
+        cmask = cols < DK
+        _solve_rows(w_at, HV * DK, cols, cmask,
+                    _tile(k_at, r0, m0, HK * DK, cols, cmask), _tile(k_at, r1, m1, HK * DK, cols, cmask),
+                    _tile(k_at, r2, m2, HK * DK, cols, cmask), _tile(k_at, r3, m3, HK * DK, cols, cmask),
+                    X00 * e0[None, :], X10 * e0[None, :], X11 * e1[None, :], X20 * e0[None, :],
+                    X21 * e1[None, :], X22 * e2[None, :], X30 * e0[None, :], X31 * e1[None, :],
+                    X32 * e2[None, :], X33 * e3[None, :], n, SUB, DT, DOT_F32, EMULATE_RTNE)
+    u_at = _at(u_ptr, t0, HV, hv, DV)
+    for c0 in tl.static_range(0, BLOCK_DV, VC):
+        cols = c0 + tl.arange(0, VC)
+        cmask = cols < DV
+        _solve_rows(u_at, HV * DV, cols, cmask,
+                    _tile(v_at, r0, m0, HV * DV, cols, cmask), _tile(v_at, r1, m1, HV * DV, cols, cmask),
+                    _tile(v_at, r2, m2, HV * DV, cols, cmask), _tile(v_at, r3, m3, HV * DV, cols, cmask),
+                    X00 * b0[None, :], X10 * b0[None, :], X11 * b1[None, :], X20 * b0[None, :],
+                    X21 * b1[None, :], X22 * b2[None, :], X30 * b0[None, :], X31 * b1[None, :],
+                    X32 * b2[None, :], X33 * b3[None, :], n, SUB, DT, DOT_F32, EMULATE_RTNE)
+
+    # P = M o (Q K^T) * scale over the whole chunk (G again, as one vector)
+    r = tl.arange(0, C)
+    rm = r < n
+    G = tl.cumsum(tl.load(g_at + r * HV, mask=rm, other=0.0).to(tl.float32), 0)
+    P = _decayed(_tile(q_at, r, rm, HK * DK, kk, kmask), _tile(k_at, r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32)
+    _store_tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, P * scale, DT, EMULATE_RTNE)
+
+
+@triton.jit
+def _prepare_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr,
+    num_seqs, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (chunk slots, HV): G, W, U0 and P of one chunk of one value head (module docstring)."""
+    C: tl.constexpr = 4 * SUB
+    unit = tl.program_id(0)
+    hv = tl.program_id(1)
+    seq, c, bos, eos = _locate(cu_ptr, unit, num_seqs, C, BLOCK_N)
+    t0 = bos + c * C
+    n = tl.minimum(eos - t0, C)  # tokens in this chunk; <= 0 for slots past the last chunk
+    if n > 0:
+        _prepare_chunk(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, t0, n, hv, scale,
+                       HK, HV, DK, DV, BLOCK_K, BLOCK_DV, KC, VC, SUB, DT, DOT_F32, EMULATE_RTNE)
+
+
+# -- the state walk ---------------------------------------------------------------------------------
+@device_function
+def _advance(S, t0, end, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_ptr,
+             kk, kmask, cols, vmask, umask, scale,
+             HK, HV, DK, DV, C: tl.constexpr, OUTPUTS: tl.constexpr, DT: tl.constexpr,
+             DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """The state columns S [BLOCK_K, BLOCK_V] after the chunk [t0, min(t0 + C, end)); writes the
+    chunk's outputs in those columns when OUTPUTS. U0 is read where ``umask`` (else taken as 0).
+
+    The decays go on the small side of each product (rows of Q S, rows of U), so that Q, K and W
+    enter the products as loaded, in the input dtype: no float32 copy of a [C, K] tile.
+    """
+    r = tl.arange(0, C)
+    n = tl.minimum(end - t0, C)
+    rm = r < n
+    gcum_at = _at(gcum_ptr, t0, HV, hv, 1)
+    G = tl.load(gcum_at + r * HV, mask=rm, other=0.0)
+    G_end = tl.load(gcum_at + (n - 1) * HV)
+    W = _tile(_at(w_ptr, t0, HV, hv, DK), r, rm, HV * DK, kk, kmask)
+    U = _tile(_at(u_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, umask).to(tl.float32)
+    U = U - _mm(W, S, DT, DOT_F32, EMULATE_RTNE)
+    if OUTPUTS:
+        q = _tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+        P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
+        O = (tl.exp(G) * scale)[:, None] * _mm(q, S, DT, DOT_F32, EMULATE_RTNE) + _mm(P, U, DT, DOT_F32, EMULATE_RTNE)
+        _store_tile(_at(o_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
+    k = _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+    return S * tl.exp(G_end) + _mm(tl.trans(k), U * tl.exp(G_end - G)[:, None], DT, DOT_F32, EMULATE_RTNE)
+
+
+@device_function
+def _state_at(ptr, row, hv, HV, DK, DV):
+    """&x[row, hv, 0, 0] of a [rows, HV, DK, DV] state tensor."""
+    return ptr + (tl.cast(row, tl.int64) * HV + hv) * DK * DV
+
+
+@triton.jit
+def _walk_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, cu_ptr, start_ptr, o_ptr, final_ptr, ckpt_ptr,
+    num_seqs, seg_tokens, ckpt_every, ckpt_rows, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
+    SEGMENTED: tl.constexpr, HAS_START: tl.constexpr, CHECKPOINTS: tl.constexpr,
+    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (sequences or segment slots, HV, value blocks): outputs, checkpoints, final state.
+
+    SEGMENTED: unit is a segment slot, started from the combine's start states (start_ptr, one
+    row per slot); else unit is a sequence, started from its initial state (start_ptr, one row
+    per sequence) or zero.
+    """
+    unit = tl.program_id(0)
+    hv = tl.program_id(1)
+    hk = hv // (HV // HK)
+    kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = cols < DV
+    smask = kmask[:, None] & vmask[None, :]
+    s_offs = kk[:, None] * DV + cols[None, :]
+    if SEGMENTED:
+        seq, seg, bos, eos = _locate(cu_ptr, unit, num_seqs, seg_tokens, BLOCK_N)
+        start = bos + seg * seg_tokens
+        stop = tl.minimum(eos, start + seg_tokens)
+    else:
+        seq = unit
+        bos = tl.load(cu_ptr + seq).to(tl.int32)
+        eos = tl.maximum(tl.load(cu_ptr + seq + 1).to(tl.int32), bos)
+        start = bos
+        stop = eos
+    live = seq < num_seqs
+    if HAS_START:
+        S = tl.load(_state_at(start_ptr, unit, hv, HV, DK, DV) + s_offs, mask=smask & live, other=0.0)
+    else:
+        S = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    if CHECKPOINTS:
+        # checkpoints of earlier sequences come first in the buffer
+        i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
+        base = tl.sum(tl.where(i < seq, (eos_i - bos_i) // ckpt_every, 0), 0)
+    for t0 in range(start, stop, C):
+        S = _advance(S, t0, stop, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_ptr,
+                     kk, kmask, cols, vmask, vmask, scale, HK, HV, DK, DV, C, True, DT, DOT_F32,
+                     EMULATE_RTNE)
+        if CHECKPOINTS:
+            done = t0 + C - bos  # tokens of the sequence behind this state (a whole chunk: N % C == 0)
+            row = base + done // ckpt_every - 1
+            keep = (done % ckpt_every == 0) & (t0 + C <= eos) & (row < ckpt_rows)
+            tl.store(_state_at(ckpt_ptr, row, hv, HV, DK, DV) + s_offs, S, mask=smask & keep)
+    tl.store(_state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs, S, mask=smask & live & (stop == eos))
+
+
+# -- the sequence split: segment transitions and their scan -----------------------------------------
+@triton.jit
+def _transition_kernel(
+    k_ptr, w_ptr, u_ptr, gcum_ptr, cu_ptr, trans_ptr,
+    num_seqs, seg_tokens,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
+    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (segment slots, HV, value blocks + key blocks): the segment's affine map S -> A S + B
+    as trans[slot, hv] = [B | A] ([DK, DV + DK]). Value blocks walk from S = 0 with the deltas U0;
+    key blocks walk columns of the identity with U0 = 0."""
+    unit = tl.program_id(0)
+    hv = tl.program_id(1)
+    block = tl.program_id(2)
+    hk = hv // (HV // HK)
+    seq, seg, bos, eos = _locate(cu_ptr, unit, num_seqs, seg_tokens, BLOCK_N)
+    start = bos + seg * seg_tokens
+    stop = tl.minimum(eos, start + seg_tokens)
+    kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    value_blocks = tl.cdiv(DV, BLOCK_V)
+    is_a = block >= value_blocks
+    cols = tl.where(is_a, block - value_blocks, block) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cmask = cols < tl.where(is_a, DK, DV)
+    S = tl.where(is_a & (kk[:, None] == cols[None, :]), 1.0, 0.0)
+    # The combine never needs the map of a sequence's last segment: skip its walk.
+    needed = (stop < eos) & (seq < num_seqs)
+    for t0 in range(start, tl.where(needed, stop, start), C):
+        S = _advance(S, t0, stop, hv, hk, k_ptr, k_ptr, w_ptr, u_ptr, k_ptr, gcum_ptr, k_ptr,
+                     kk, kmask, cols, cmask, cmask & (~is_a), 0.0, HK, HV, DK, DV, C, False,
+                     DT, DOT_F32, EMULATE_RTNE)
+    WIDTH: tl.constexpr = DV + DK
+    dst = trans_ptr + (unit.to(tl.int64) * HV + hv) * DK * WIDTH
+    tl.store(dst + kk[:, None] * WIDTH + (tl.where(is_a, DV, 0) + cols)[None, :], S,
+             mask=kmask[:, None] & cmask[None, :] & needed)
+
+
+@triton.jit
+def _combine_kernel(
+    cu_ptr, init_ptr, trans_ptr, starts_ptr, final_ptr,
+    num_seqs, seg_tokens,
+    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr,
+    HAS_INIT: tl.constexpr, EXACT: tl.constexpr,
+):
+    """Grid (sequences, HV, value blocks): start states S_0 = initial, S_{j+1} = A_j S_j + B_j of
+    every segment, into starts[slot]. A sequence without tokens has no segment: its final state
+    is its initial state, written here."""
+    seq = tl.program_id(0)
+    hv = tl.program_id(1)
+    kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = cols < DV
+    smask = kmask[:, None] & vmask[None, :]
+    s_offs = kk[:, None] * DV + cols[None, :]
+    i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
+    pieces = tl.cdiv(eos_i - bos_i, seg_tokens)
+    first = tl.sum(tl.where(i < seq, pieces, 0), 0)
+    count = tl.sum(tl.where(i == seq, pieces, 0), 0)
+    if HAS_INIT:
+        S = tl.load(_state_at(init_ptr, seq, hv, HV, DK, DV) + s_offs, mask=smask, other=0.0)
+    else:
+        S = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    WIDTH: tl.constexpr = DV + DK
+    for j in range(0, count - 1):
+        start_at = _state_at(starts_ptr, first + j, hv, HV, DK, DV)
+        tl.store(start_at + s_offs, S, mask=smask)
+        # A S reads S back in blocks of KB rows (keeps the A tile at [BLOCK_K, KB]): every
+        # thread's store of S must land first.
+        tl.debug_barrier()
+        tr = trans_ptr + ((first + j).to(tl.int64) * HV + hv) * DK * WIDTH
+        S = tl.load(tr + kk[:, None] * WIDTH + cols[None, :], mask=smask, other=0.0)
+        for r0 in tl.static_range(0, BLOCK_K, KB):
+            r = r0 + tl.arange(0, KB)
+            rmask = r < DK
+            A = tl.load(tr + kk[:, None] * WIDTH + DV + r[None, :], mask=kmask[:, None] & rmask[None, :], other=0.0)
+            S_rows = tl.load(start_at + r[:, None] * DV + cols[None, :], mask=rmask[:, None] & vmask[None, :],
+                             other=0.0, cache_modifier=".cg")
+            S += _mm32(A, S_rows, EXACT)
+    tl.store(_state_at(starts_ptr, first + count - 1, hv, HV, DK, DV) + s_offs, S, mask=smask & (count > 0))
+    tl.store(_state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs, S, mask=smask & (count == 0))
+
+
+# -- host side --------------------------------------------------------------------------------------
+def num_checkpoints(lengths: Sequence[int], every: int) -> int:
+    """Rows of the checkpoint buffer: sequence i contributes lengths[i] // every states (after
+    every, 2 * every, ... of its tokens), after those of sequences 0..i-1."""
+    return sum(int(n) // every for n in lengths)
+
+
+def prefill_block_v(head_v: int) -> int:
+    """Value columns per walk program: 32 (a [128, 32] float32 state slice, 16 registers a thread
+    at 8 warps), so that batch 1 x 16 heads is 64 programs before any split; whole heads in the
+    interpreter (fewer programs)."""
+    whole = max(16, next_pow2(head_v))
+    return whole if interpreting() else min(32, whole)
+
+
+def prefill_split(num_seqs: int, num_v_heads: int, v_blocks: int, tokens: int) -> int:
+    """Chunks per segment for the sequence split, 0 for none: split only when the walk's programs
+    (sequences x value heads x value blocks) are fewer than the SMs, into about enough segments
+    for two programs per SM, each at least MIN_SEGMENT_CHUNKS long. A guess from the launch
+    geometry; the benchmark's split sweep is what should tune it."""
+    programs = num_seqs * num_v_heads * v_blocks
+    sms = num_sms()
+    if programs >= sms:
+        return 0
+    chunks = cdiv(tokens, CHUNK * num_seqs)  # per sequence, on average
+    segments = min(cdiv(2 * sms, programs), chunks // MIN_SEGMENT_CHUNKS)
+    return cdiv(chunks, segments) if segments >= 2 else 0
+
+
+def _units(total: int, B: int, T: int, N: int, span: int, varlen: bool) -> int:
+    """Programs for the pieces of ``span`` tokens of every sequence: exact for B rows of T tokens;
+    for packed sequences the bound sum_i cdiv(len_i, span) <= cdiv(total, span) + N - 1 (the
+    programs past the last piece exit), which needs no read-back of cu_seqlens."""
+    return cdiv(total, span) + N - 1 if varlen else B * cdiv(T, span)
+
+
+def _host_lengths(cu_seqlens: torch.Tensor, tokens: int) -> list[int] | None:
+    """Sequence lengths from cu_seqlens, after checking it; None while a CUDA graph is captured
+    (a read-back would break the capture: the eager warm-up call checked the same buffer)."""
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0 or cu[-1] != tokens or any(b < a for a, b in zip(cu, cu[1:])):
+        shown = cu if len(cu) <= 12 else cu[:6] + ["..."] + cu[-3:]
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to the number of tokens T = {tokens} without decreasing; got {shown}"
+        )
+    return [b - a for a, b in zip(cu, cu[1:])]
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    final_state: torch.Tensor | None = None,
+    checkpoints: torch.Tensor | None = None,
+    checkpoint_every: int | None = None,
+    split: int | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
+    state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`.
+
+    q, k: [B, T, Hk, K] (L2-normalised; q is scaled by 1/sqrt(K) here); v: [B, T, Hv, V], Hv a
+    multiple of Hk (value head h reads key head h // (Hv / Hk)); all three of one float dtype.
+    g (log-decays, <= 0), beta: [B, T, Hv], any float dtype (used in float32).
+
+    cu_seqlens: int32/int64 [N + 1] cumulative offsets of N sequences packed along T with B = 1
+        (fla's and FlashInfer's convention); without it the N = B rows are the sequences.
+        Lengths may be 0 (the final state is then the initial one).
+    initial_state: float32 [N, Hv, K, V], or None for zeros.
+    final_state: float32 [N, Hv, K, V] to write (may be ``initial_state`` itself: an in-place update).
+    checkpoints, checkpoint_every: a float32 buffer [num_checkpoints(lengths, every), Hv, K, V] and
+        ``every``, a multiple of the chunk size (64): the state after every ``every`` tokens of each
+        sequence (see :func:`num_checkpoints` for the layout), counted from this call's first token.
+    split: chunks per segment of the sequence split (module docstring); 0 never splits; None
+        lets :func:`prefill_split` decide.
+    block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
+        warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
+        without spills on sm_90: tools/compile_check_prefill.py).
+
+    cu_seqlens is read back and checked, except while a CUDA graph is being captured.
+    """
+    check_tensor("q", q, dtype=FLOAT_DTYPES, shape=(None, None, None, None))
+    B, T, Hk, K = q.shape
+    dtype = q.dtype
+    check_tensor("k", k, dtype=dtype, shape=(B, T, Hk, K))
+    check_tensor("v", v, dtype=dtype, shape=(B, T, None, None))
+    Hv, V = v.shape[2], v.shape[3]
+    if Hk < 1 or Hv % Hk:
+        raise ValueError(f"the value heads ({Hv}) must be a multiple of the key heads ({Hk})")
+    if not (1 <= K <= MAX_HEAD_DIM and 1 <= V <= MAX_HEAD_DIM):
+        raise ValueError(f"head dims must be in 1..{MAX_HEAD_DIM}, got K = {K}, V = {V}")
+    if B * T == 0:
+        raise ValueError(f"q must hold at least one token, got shape {list(q.shape)}")
+    check_tensor("g", g, dtype=FLOAT_DTYPES, shape=(B, T, Hv), aligned=False)
+    check_tensor("beta", beta, dtype=FLOAT_DTYPES, shape=(B, T, Hv), aligned=False)
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the sequences are packed along T with batch size 1, got B = {B}")
+        check_tensor("cu_seqlens", cu_seqlens, dtype=(torch.int32, torch.int64), shape=(None,), aligned=False)
+        if cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens needs at least 2 entries (0 and the number of tokens)")
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    state_shape = (N, Hv, K, V)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, dtype=torch.float32, shape=state_shape)
+    if final_state is None:
+        final_state = torch.empty(state_shape, dtype=torch.float32, device=q.device)
+    check_tensor("final_state", final_state, dtype=torch.float32, shape=state_shape)
+    if out is None:
+        out = torch.empty(B, T, Hv, V, dtype=dtype, device=q.device)
+    check_tensor("out", out, dtype=dtype, shape=(B, T, Hv, V))
+    if (checkpoints is None) != (checkpoint_every is None):
+        raise ValueError("checkpoints and checkpoint_every go together: give both or neither")
+    if checkpoints is not None:
+        if not isinstance(checkpoint_every, int) or checkpoint_every <= 0 or checkpoint_every % CHUNK:
+            raise ValueError(f"checkpoint_every must be a positive multiple of the chunk size {CHUNK}, got {checkpoint_every!r}")
+        check_tensor("checkpoints", checkpoints, dtype=torch.float32, shape=(None, Hv, K, V))
+    check_devices(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
+                  final_state=final_state, out=out, checkpoints=checkpoints)
+    inputs = [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("cu_seqlens", cu_seqlens)]
+    outputs = [("out", out), ("final_state", final_state), ("checkpoints", checkpoints)]
+    pairs = [(a, x, b, y) for a, x in inputs + [("initial_state", initial_state)] for b, y in outputs]
+    pairs += [("out", out, "final_state", final_state), ("out", out, "checkpoints", checkpoints),
+              ("final_state", final_state, "checkpoints", checkpoints)]
+    in_place = initial_state is not None and final_state.data_ptr() == initial_state.data_ptr()
+    check_no_overlap([p for p in pairs if not (in_place and {p[0], p[2]} == {"initial_state", "final_state"})])
+
+    lengths = [T] * B if cu_seqlens is None else _host_lengths(cu_seqlens, T)
+    if checkpoints is not None and lengths is not None:
+        need = num_checkpoints(lengths, checkpoint_every)
+        if checkpoints.shape[0] != need:
+            raise ValueError(
+                f"checkpoints must have shape [{need}, {Hv}, {K}, {V}] (num_checkpoints(lengths, "
+                f"{checkpoint_every})), got {list(checkpoints.shape)}"
+            )
+    block_v = block_v or prefill_block_v(V)
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two >= 16, got {block_v}")
+    v_blocks = cdiv(V, block_v)
+    total = B * T
+    if split is None:
+        split = prefill_split(N, Hv, v_blocks, total)
+    if not isinstance(split, int) or split < 0:
+        raise ValueError(f"split must be a number of chunks >= 0 (0: no split), got {split!r}")
+
+    device = q.device
+    varlen = cu_seqlens is not None
+    if not varlen:
+        cu_seqlens = torch.arange(0, total + 1, T, dtype=torch.int32, device=device)
+    flags = interpreter_flags(dtype)
+    tl_dtype = TORCH_TO_TL[dtype]
+    block_k = max(16, next_pow2(K))
+    block_n = next_pow2(N)
+    if num_warps is None:  # 8 warps keep a [128, 32] walk at ~130 registers, no spills (sm_90)
+        num_warps = 8 if block_k >= 128 else 4
+    scale = K**-0.5
+
+    # the intra-chunk quantities, stored like the inputs: [tokens, Hv, ...]
+    w = torch.empty(total, Hv, K, dtype=dtype, device=device)
+    u = torch.empty(total, Hv, V, dtype=dtype, device=device)
+    p = torch.empty(total, Hv, CHUNK, dtype=dtype, device=device)
+    gcum = torch.empty(total, Hv, dtype=torch.float32, device=device)
+    chunk_slots = _units(total, B, T, N, CHUNK, varlen)
+    block_dv = max(16, next_pow2(V))
+    _prepare_kernel[(chunk_slots, Hv)](
+        q, k, v, g, beta, cu_seqlens, w, u, p, gcum, N, scale,
+        HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
+        BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=8 if block_k >= 128 else 4,
+    )
+
+    common = dict(HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_N=block_n)
+    if split:
+        seg_tokens = split * CHUNK
+        units = _units(total, B, T, N, seg_tokens, varlen)
+        trans = torch.empty(units, Hv, K, V + K, dtype=torch.float32, device=device)
+        starts = torch.empty(units, Hv, K, V, dtype=torch.float32, device=device)
+        _transition_kernel[(units, Hv, v_blocks + cdiv(K, block_v))](
+            k, w, u, gcum, cu_seqlens, trans, N, seg_tokens, HK=Hk, C=CHUNK, DT=tl_dtype, **flags, **common,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        _combine_kernel[(N, Hv, v_blocks)](
+            cu_seqlens, initial_state, trans, starts, final_state, N, seg_tokens,
+            KB=min(block_k, 64), HAS_INIT=initial_state is not None, EXACT=flags["DOT_F32"], **common,
+            num_warps=num_warps,
+        )
+        start, grid0 = starts, units
+    else:
+        seg_tokens, start, grid0 = total, initial_state, N
+    ckpt_rows = 0 if checkpoints is None else checkpoints.shape[0]
+    _walk_kernel[(grid0, Hv, v_blocks)](
+        q, k, w, u, p, gcum, cu_seqlens, start, out, final_state, checkpoints, N, seg_tokens,
+        checkpoint_every or CHUNK, ckpt_rows, scale, HK=Hk, C=CHUNK, SEGMENTED=bool(split),
+        HAS_START=start is not None, CHECKPOINTS=checkpoints is not None, DT=tl_dtype, **flags, **common,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out, final_state
