@@ -1,0 +1,179 @@
+"""Gated DeltaNet prefill, the delta rule of one layer: labkit's chunked kernel beside fla's.
+
+Times :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule` at Qwen3.5-0.8B's linear-attention
+shape (16 heads, K = V = 128, bf16 q/k/v, float32 log-decays and states) for one sequence of
+T = 1,024 ... 65,536 tokens and for a packed batch of 8 x 2,048 (one call with ``cu_seqlens``),
+with and without the sequence split; and fla's ``chunk_gated_delta_rule`` on the same inputs in
+the same run when fla is importable. Each call is captured once in a CUDA graph and replayed
+(:func:`labkit.opbench.graph_us`: CUDA events, median of repeats), so launch overhead is what a
+graph pays. Rows give milliseconds, tokens/s, and the bandwidth implied by the bytes a call must
+move (q, k, v and o, g and beta, the state in and out: the intermediate buffers of either
+implementation are not counted), and labkit's relative RMS difference from fla's output.
+
+    python -m labkit.bench_gdn_prefill                      # prints the rows
+    python -m labkit.bench_gdn_prefill --splits 0 4 16 64   # sweeps the split (chunks per segment)
+    python -m labkit.bench_gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+HEADS, HEAD_DIM = 16, 128
+LENGTHS = (1024, 4096, 16384, 65536)
+PACKED = (8, 2048)  # sequences x tokens, as one varlen call
+
+
+@dataclass
+class GdnPrefillResult:
+    impl: str  # "labkit" or "fla"
+    sequences: int
+    tokens: int  # all sequences together
+    split: int | None = None  # labkit: chunks per segment (0: no split)
+    ms: float | None = None
+    tokens_per_s: float | None = None
+    bytes: int | None = None
+    bytes_per_s: float | None = None
+    rel_diff_vs_fla: float | None = None
+    error: str | None = None
+
+
+def _inputs(sequences: int, length: int, heads: int, dim: int, seed: int = 0) -> dict:
+    """Packed inputs of ``sequences`` prompts of ``length`` tokens: q, k L2-normalised, g <= 0."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total = sequences * length
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    q = F.normalize(randn(1, total, heads, dim), dim=-1).bfloat16()
+    k = F.normalize(randn(1, total, heads, dim), dim=-1).bfloat16()
+    v = randn(1, total, heads, dim).bfloat16()
+    g = -F.softplus(randn(1, total, heads) - 3)  # slow forgetting, as trained layers mostly do
+    beta = torch.sigmoid(randn(1, total, heads)).bfloat16()
+    state = randn(sequences, heads, dim, dim) * 0.1
+    cu = torch.arange(0, total + 1, length, dtype=torch.int64, device="cuda")
+    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=state, cu_seqlens=cu if sequences > 1 else None)
+
+
+def _call_bytes(x: dict) -> int:
+    """What a call must read and write: q, k, v, o, g, beta and the state in and out."""
+    q, v, g, beta, state = x["q"], x["v"], x["g"], x["beta"], x["initial_state"]
+    io = 3 * q.numel() * q.element_size() + v.numel() * v.element_size()  # q, k, v, o
+    return io + g.numel() * g.element_size() + beta.numel() * beta.element_size() + 2 * state.numel() * 4
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float("inf") if not torch.isfinite(a).all() else ((a - b).norm() / b.norm()).item()
+
+
+def bench_gdn_prefill(
+    lengths: tuple[int, ...] = LENGTHS,
+    packed: tuple[int, int] | None = PACKED,
+    splits: tuple[int | None, ...] = (None, 0),
+    heads: int = HEADS,
+    head_dim: int = HEAD_DIM,
+    reps: int = 15,
+    with_fla: bool = True,
+) -> list[GdnPrefillResult]:
+    """One row per (case, implementation, split). ``splits``: labkit's ``split`` values to time
+    (None: its own choice, reported as the number it chose; 0: no split)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
+    from .ops.chunk_delta_rule import chunk_delta_rule, prefill_block_v, prefill_split
+    from .opbench import graph_us
+
+    fla = None
+    if with_fla:
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla  # the peer, when installed
+        except ImportError:
+            pass
+    cases = [(1, t) for t in lengths] + ([packed] if packed else [])
+    rows: list[GdnPrefillResult] = []
+    for sequences, length in cases:
+        x = _inputs(sequences, length, heads, head_dim)
+        total, nbytes = sequences * length, _call_bytes(x)
+
+        def timed(row: GdnPrefillResult, call) -> GdnPrefillResult:
+            row.ms = graph_us(call, 1, reps) / 1e3
+            row.tokens_per_s = total / (row.ms * 1e-3)
+            row.bytes, row.bytes_per_s = nbytes, nbytes / (row.ms * 1e-3)
+            return row
+
+        fla_out = None
+        if fla is not None:
+            row = GdnPrefillResult("fla", sequences, total)
+
+            def fla_call():
+                return fla(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                           output_final_state=True, cu_seqlens=x["cu_seqlens"])
+
+            try:
+                fla_out = fla_call()[0]
+                timed(row, fla_call)
+            except Exception as exc:  # a peer that fails (e.g. to be captured) is a finding, not a crash
+                row.error = _error(exc)
+            rows.append(row)
+        blocks = -(-head_dim // prefill_block_v(head_dim))
+        for split in splits:
+            chosen = prefill_split(sequences, heads, blocks, total) if split is None else split
+            row = GdnPrefillResult("labkit", sequences, total, split=chosen)
+            try:
+                o, _ = chunk_delta_rule(**x, split=chosen)
+                if fla_out is not None:
+                    row.rel_diff_vs_fla = _rel(o, fla_out)
+                timed(row, lambda: chunk_delta_rule(**x, split=chosen))
+            except Exception as exc:
+                row.error = _error(exc)
+            rows.append(row)
+        del x, fla_out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_rows(rows: list[GdnPrefillResult]) -> None:
+    print(f"{'impl':>7} {'seqs':>4} {'tokens':>7} {'split':>5} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} {'vs fla':>8}")
+    for r in rows:
+        split = "" if r.split is None else str(r.split)
+        if r.error:
+            print(f"{r.impl:>7} {r.sequences:>4} {r.tokens:>7} {split:>5} FAILED {r.error}")
+            continue
+        diff = "" if r.rel_diff_vs_fla is None else f"{r.rel_diff_vs_fla:.1e}"
+        print(f"{r.impl:>7} {r.sequences:>4} {r.tokens:>7} {split:>5} {r.ms:9.3f} {r.tokens_per_s / 1e6:8.2f} "
+              f"{r.bytes_per_s / 1e9:7.0f} {diff:>8}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m labkit.bench_gdn_prefill", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
+    p.add_argument("--packed", nargs=2, type=int, default=list(PACKED), metavar=("SEQUENCES", "TOKENS"))
+    p.add_argument("--splits", nargs="*", default=["auto", "0"], help="labkit split values; 'auto' = its choice")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--name", help="also write data/bench/<gpu>/<name>.json")
+    args = p.parse_args(argv)
+    splits = tuple(None if s == "auto" else int(s) for s in args.splits)
+    rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), splits, reps=args.reps, with_fla=not args.no_fla)
+    print_rows(rows)
+    if args.name:
+        from .bench import write_results
+        from .hw import device_facts
+
+        print(write_results(args.name, "gdn-prefill", rows, device_facts("cuda")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""The chunked delta-rule prefill at real shapes on a GPU (16 heads, K = V = 128, bf16 q/k/v).
+
+The reference is :func:`labkit.ops.delta_rule.delta_rule_chunked_ref` in float32 (equal to the
+step-by-step recurrence: tests/test_delta_rule.py), fast enough on a GPU for 16k tokens. The
+kernel multiplies bf16 operands (as fla does), so the bound is 1e-2 relative RMS error, against
+about 2e-3 for rounding the reference's output to bf16 alone.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import rel_err
+from labkit.ops.chunk_delta_rule import chunk_delta_rule, num_checkpoints
+from labkit.ops.delta_rule import delta_rule_chunked_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+BOUND = 1e-2
+H, D = 16, 128
+
+
+def _inputs(T, Hk=H, Hv=H, seed=0, sequences=1):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    q = F.normalize(randn(1, T, Hk, D), dim=-1).bfloat16()
+    k = F.normalize(randn(1, T, Hk, D), dim=-1).bfloat16()
+    v = randn(1, T, Hv, D).bfloat16()
+    g = -F.softplus(2 * randn(1, T, Hv) - 3)
+    beta = torch.sigmoid(randn(1, T, Hv)).bfloat16()
+    state = randn(sequences, Hv, D, D) * 0.1
+    return q, k, v, g, beta, state
+
+
+def _ref(q, k, v, g, beta, state):
+    return delta_rule_chunked_ref(q.float(), k.float(), v.float(), g, beta.float(), state)
+
+
+@pytest.mark.parametrize("T,split", [(1000, 0), (4096, 0), (4096, None), (16384, 0), (16384, None), (16384, 16)])
+def test_one_long_sequence(T, split):
+    q, k, v, g, beta, state = _inputs(T, seed=T)
+    o_ref, s_ref = _ref(q, k, v, g, beta, state)
+    out = torch.full_like(v, float("nan"))
+    final = torch.full_like(state, float("nan"))
+    o, s = chunk_delta_rule(q, k, v, g, beta, state, out=out, final_state=final, split=split)
+    assert rel_err(o, o_ref) < BOUND
+    assert rel_err(s, s_ref) < BOUND
+
+
+def test_grouped_heads():
+    q, k, v, g, beta, state = _inputs(3000, Hk=8, Hv=16, seed=1)
+    o_ref, s_ref = _ref(q, k, v, g, beta, state)
+    for split in (0, 8):
+        o, s = chunk_delta_rule(q, k, v, g, beta, state, split=split)
+        assert rel_err(o, o_ref) < BOUND and rel_err(s, s_ref) < BOUND
+
+
+LENGTHS = [1, 63, 2048, 100, 4096, 640, 7, 1500]
+
+
+@pytest.mark.parametrize("split", [0, 4])
+def test_packed_prompts_with_checkpoints(split):
+    every = 256
+    q, k, v, g, beta, state = _inputs(sum(LENGTHS), seed=2, sequences=len(LENGTHS))
+    cu = torch.tensor([0] + LENGTHS, device="cuda").cumsum(0).to(torch.int32)
+    ckpt = torch.full((num_checkpoints(LENGTHS, every), H, D, D), float("nan"), device="cuda")
+    o, s = chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, checkpoints=ckpt, checkpoint_every=every,
+                            split=split)
+    t, row = 0, 0
+    for i, n in enumerate(LENGTHS):
+        part = [x[:, t:t + n] for x in (q, k, v, g, beta)]
+        o_ref, s_ref = _ref(*part, state[i:i + 1])
+        assert rel_err(o[:, t:t + n], o_ref) < BOUND
+        assert rel_err(s[i:i + 1], s_ref) < BOUND
+        for pos in range(every, n + 1, every):
+            _, s_pos = _ref(*(x[:, :pos] for x in part), state[i:i + 1])
+            assert rel_err(ckpt[row:row + 1], s_pos) < BOUND
+            row += 1
+        t += n
+    assert row == ckpt.shape[0]
+
+
+def test_cuda_graph_replay_sees_new_inputs():
+    """Captured once (no read-back of cu_seqlens during the capture), replayed on new data."""
+    lengths = [700, 1, 3000]
+    q, k, v, g, beta, state = _inputs(sum(lengths), seed=3, sequences=3)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0)
+    out = torch.empty_like(v)
+    final = torch.empty_like(state)
+
+    def call():
+        chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, out=out, final_state=final, split=0)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    fresh = _inputs(sum(lengths), seed=4, sequences=3)
+    for buf, new in zip((q, k, v, g, beta, state), fresh):
+        buf.copy_(new)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    t = 0
+    for i, n in enumerate(lengths):
+        o_ref, s_ref = _ref(*(x[:, t:t + n] for x in fresh[:5]), fresh[5][i:i + 1])
+        assert rel_err(out[:, t:t + n], o_ref) < BOUND and rel_err(final[i:i + 1], s_ref) < BOUND
+        t += n
+
+
+def test_agrees_with_fla():
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    q, k, v, g, beta, state = _inputs(4096, seed=5)
+    o, s = chunk_delta_rule(q, k, v, g, beta, state)
+    o_fla, s_fla = fla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True)
+    assert rel_err(o, o_fla) < BOUND and rel_err(s, s_fla) < BOUND
