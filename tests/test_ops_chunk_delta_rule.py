@@ -242,7 +242,7 @@ def test_bad_checkpoints_are_refused(device):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_benchmark_needs_a_gpu():
-    from labkit.bench_gdn_prefill import bench_gdn_prefill
+    from labkit.bench.gdn_prefill import bench_gdn_prefill
 
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         bench_gdn_prefill()

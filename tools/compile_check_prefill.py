@@ -5,25 +5,33 @@ machine without one, and report registers, spills and shared memory per kernel v
     python tools/compile_check_prefill.py                 # sm_90 (H100/H200), Qwen3.5 shapes
     python tools/compile_check_prefill.py --block-v 32 64 --warps 4 8 --stages 1 2 3
 
-Same stand-in driver as tools/compile_check.py (nothing runs; Triton compiles each launch down to
-a cubin with its bundled ptxas). Shapes: H = 16 heads, K = V = 128, bf16, with and without the
-sequence split, checkpoints and packed sequences.
+The stand-in driver of ``python -m labkit compile-check`` (labkit.compile_check: nothing runs;
+Triton compiles each launch down to a cubin with its bundled ptxas), driven through the prefill
+launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without the
+sequence split. Run it as its own process (it replaces Triton's driver).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
 
-import compile_check as cc  # noqa: E402  (sets up the real compiler; see its docstring)
 import torch  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime import jit as triton_jit  # noqa: E402
+
+from labkit import compile_check as cc  # noqa: E402
+from labkit.ops import chunk_delta_rule as cdr  # noqa: E402
+from labkit.ops.launch import NOMINAL_SMS  # noqa: E402
+
+SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT")
 
 
 def main() -> int:
@@ -34,19 +42,18 @@ def main() -> int:
     parser.add_argument("--stages", nargs="*", type=int, default=[2])
     args = parser.parse_args()
 
-    driver.set_active(cc._CompileOnlyDriver(args.arch))
+    driver.set_active(cc._CompileOnlyDriver(args.arch, NOMINAL_SMS))
     triton_jit.JITFunction.run = cc._compile_only(triton_jit.JITFunction.run)
-    from labkit.ops import chunk_delta_rule as cdr
-
     cdr.check_devices = lambda **tensors: torch.device("cpu")  # CPU tensors stand in; nothing runs
-    H, K, V, T = 16, 128, 128, 256
+    lengths = [100, 156]
+    cdr._host_lengths = lambda cu_seqlens, tokens: lengths  # no read-back of a stand-in
+    H, K, V, T = 16, 128, 128, sum(lengths)
     bf = torch.bfloat16
     q, k, v = (torch.empty(1, T, H, d, dtype=bf) for d in (K, K, V))
     g, beta = torch.empty(1, T, H), torch.empty(1, T, H, dtype=bf)
-    state = torch.empty(2, H, K, V)
-    cu = torch.tensor([0, 100, T], dtype=torch.int32)
-    ckpt = torch.empty(cdr.num_checkpoints([100, T - 100], 64), H, K, V)
-    cdr._host_lengths = lambda cu_seqlens, tokens: [100, T - 100]  # no read-back of a stand-in
+    state = torch.empty(len(lengths), H, K, V)
+    cu = torch.tensor([0, lengths[0], T], dtype=torch.int32)
+    ckpt = torch.empty(cdr.num_checkpoints(lengths, 64), H, K, V)
     failures, t0 = 0, time.time()
     for block_v, warps, stages, split in itertools.product(args.block_v, args.warps, args.stages, (0, 2)):
         what = f"block_v={block_v} warps={warps} stages={stages} split={split}"
@@ -61,10 +68,10 @@ def main() -> int:
     for name, kernel in sorted(cc.COMPILED.values(), key=lambda nk: nk[0]):
         usage = cc.resource_usage(kernel.asm["cubin"])
         names = kernel.src.fn.arg_names
-        shown = ", ".join(f"{names[i[0]]}={val}" for i, val in kernel.src.constants.items()
-                          if names[i[0]] in ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT"))
-        print(f"{name:20s} {kernel.metadata.num_warps:5d} {kernel.metadata.num_stages:6d} {usage['regs']:5d} {usage['stack']:6d} "
-              f"{kernel.metadata.shared:7d}  {shown}")
+        shown = ", ".join(f"{names[i[0]]}={val}" for i, val in kernel.src.constants.items() if names[i[0]] in SHOWN)
+        meta = kernel.metadata
+        print(f"{name:20s} {meta.num_warps:5d} {meta.num_stages:6d} {usage['regs']:5d} {usage['stack']:6d} "
+              f"{meta.shared:7d}  {shown}")
         if usage["stack"] > 0:
             print(f"  ^ {usage['stack']} bytes of stack: spills (or a local array)")
     print(f"\n{len(cc.COMPILED)} variants for sm_{args.arch} in {time.time() - t0:.0f} s; {failures} failures")

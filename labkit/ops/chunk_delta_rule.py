@@ -207,20 +207,33 @@ def _invert_unit_lower(L):
 
 
 @device_function
-def _solve_rows(base, stride, cols, cmask, x0, x1, x2, x3, Y00, Y10, Y11, Y20, Y21, Y22, Y30, Y31, Y32, Y33, n,
+def _solve_rows(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB: tl.constexpr, n,
+                X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, c0, c1, c2, c3,
                 SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """Stores Y x for a block lower-triangular Y (blocks Y_ij) and x given as its four 16-row
-    blocks x0..x3 (rows past n are not stored)."""
+    """out = (X diag(c)) x over the chunk's n rows, for X block lower-triangular (16 x 16 blocks
+    X_ij) and column scales c (blocks c0..c3): the scales go on X, so x enters the products as
+    loaded; CB columns at a time (fewer live registers)."""
     r = tl.arange(0, SUB)
-    _store_tile(base, r, r < n, stride, cols, cmask, _mm(Y00, x0, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
-    _store_tile(base, SUB + r, SUB + r < n, stride, cols, cmask,
-                _mm(Y10, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y11, x1, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
-    _store_tile(base, 2 * SUB + r, 2 * SUB + r < n, stride, cols, cmask,
-                _mm(Y20, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y21, x1, DT, DOT_F32, EMULATE_RTNE)
-                + _mm(Y22, x2, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
-    _store_tile(base, 3 * SUB + r, 3 * SUB + r < n, stride, cols, cmask,
-                _mm(Y30, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y31, x1, DT, DOT_F32, EMULATE_RTNE)
-                + _mm(Y32, x2, DT, DOT_F32, EMULATE_RTNE) + _mm(Y33, x3, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+    Y00, Y10, Y11 = X00 * c0[None, :], X10 * c0[None, :], X11 * c1[None, :]
+    Y20, Y21, Y22 = X20 * c0[None, :], X21 * c1[None, :], X22 * c2[None, :]
+    Y30, Y31, Y32, Y33 = X30 * c0[None, :], X31 * c1[None, :], X32 * c2[None, :], X33 * c3[None, :]
+    for col0 in tl.static_range(0, BLOCK_D, CB):
+        cols = col0 + tl.arange(0, CB)
+        cm = cols < D
+        x0 = _tile(x_at, r, r < n, x_stride, cols, cm)
+        x1 = _tile(x_at, SUB + r, SUB + r < n, x_stride, cols, cm)
+        x2 = _tile(x_at, 2 * SUB + r, 2 * SUB + r < n, x_stride, cols, cm)
+        x3 = _tile(x_at, 3 * SUB + r, 3 * SUB + r < n, x_stride, cols, cm)
+        _store_tile(out_at, r, r < n, out_stride, cols, cm, _mm(Y00, x0, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+        _store_tile(out_at, SUB + r, SUB + r < n, out_stride, cols, cm,
+                    _mm(Y10, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y11, x1, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+        _store_tile(out_at, 2 * SUB + r, 2 * SUB + r < n, out_stride, cols, cm,
+                    _mm(Y20, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y21, x1, DT, DOT_F32, EMULATE_RTNE)
+                    + _mm(Y22, x2, DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
+        _store_tile(out_at, 3 * SUB + r, 3 * SUB + r < n, out_stride, cols, cm,
+                    _mm(Y30, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y31, x1, DT, DOT_F32, EMULATE_RTNE)
+                    + _mm(Y32, x2, DT, DOT_F32, EMULATE_RTNE) + _mm(Y33, x3, DT, DOT_F32, EMULATE_RTNE),
+                    DT, EMULATE_RTNE)
 
 
 # -- kernel A: the intra-chunk quantities -----------------------------------------------------------
@@ -276,29 +289,12 @@ def _prepare_chunk(
     X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
     X30 = -_mm32(X33, _mm32(L30, X00, True) + _mm32(L31, X10, True) + _mm32(L32, X20, True), True)
 
-    # W = (X diag(beta e^G)) K and U0 = (X diag(beta)) V: the gates scale the columns of X, so
-    # that K and V enter the products as loaded; a block of columns at a time (fewer live registers)
-    e0, e1, e2, e3 = b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3)
-    w_at = _at(w_ptr, t0, HV, hv, DK)
-    for c0 in tl.static_range(0, BLOCK_K, KC):
-        cols = c0 + tl.arange(0, KC)
-        cmask = cols < DK
-        _solve_rows(w_at, HV * DK, cols, cmask,
-                    _tile(k_at, r0, m0, HK * DK, cols, cmask), _tile(k_at, r1, m1, HK * DK, cols, cmask),
-                    _tile(k_at, r2, m2, HK * DK, cols, cmask), _tile(k_at, r3, m3, HK * DK, cols, cmask),
-                    X00 * e0[None, :], X10 * e0[None, :], X11 * e1[None, :], X20 * e0[None, :],
-                    X21 * e1[None, :], X22 * e2[None, :], X30 * e0[None, :], X31 * e1[None, :],
-                    X32 * e2[None, :], X33 * e3[None, :], n, SUB, DT, DOT_F32, EMULATE_RTNE)
-    u_at = _at(u_ptr, t0, HV, hv, DV)
-    for c0 in tl.static_range(0, BLOCK_DV, VC):
-        cols = c0 + tl.arange(0, VC)
-        cmask = cols < DV
-        _solve_rows(u_at, HV * DV, cols, cmask,
-                    _tile(v_at, r0, m0, HV * DV, cols, cmask), _tile(v_at, r1, m1, HV * DV, cols, cmask),
-                    _tile(v_at, r2, m2, HV * DV, cols, cmask), _tile(v_at, r3, m3, HV * DV, cols, cmask),
-                    X00 * b0[None, :], X10 * b0[None, :], X11 * b1[None, :], X20 * b0[None, :],
-                    X21 * b1[None, :], X22 * b2[None, :], X30 * b0[None, :], X31 * b1[None, :],
-                    X32 * b2[None, :], X33 * b3[None, :], n, SUB, DT, DOT_F32, EMULATE_RTNE)
+    # W = X diag(beta e^G) K and U0 = X diag(beta) V
+    _solve_rows(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, n,
+                X00, X10, X11, X20, X21, X22, X30, X31, X32, X33,
+                b0 * tl.exp(G0), b1 * tl.exp(G1), b2 * tl.exp(G2), b3 * tl.exp(G3), SUB, DT, DOT_F32, EMULATE_RTNE)
+    _solve_rows(_at(u_ptr, t0, HV, hv, DV), HV * DV, v_at, HV * DV, DV, BLOCK_DV, VC, n,
+                X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, b0, b1, b2, b3, SUB, DT, DOT_F32, EMULATE_RTNE)
 
     # P = M o (Q K^T) * scale over the whole chunk (G again, as one vector)
     r = tl.arange(0, C)
@@ -360,6 +356,17 @@ def _advance(S, t0, end, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_
 
 
 @device_function
+def _state_slice(DK, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    """This program's state columns (block program_id(2) of BLOCK_V): rows kk, columns cols, their
+    masks, and their offsets within one [DK, DV] state."""
+    kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = cols < DV
+    return kk, kmask, cols, vmask, kmask[:, None] & vmask[None, :], kk[:, None] * DV + cols[None, :]
+
+
+@device_function
 def _state_at(ptr, row, hv, HV, DK, DV):
     """&x[row, hv, 0, 0] of a [rows, HV, DK, DV] state tensor."""
     return ptr + (tl.cast(row, tl.int64) * HV + hv) * DK * DV
@@ -383,12 +390,7 @@ def _walk_kernel(
     unit = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // (HV // HK)
-    kk = tl.arange(0, BLOCK_K)
-    kmask = kk < DK
-    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    vmask = cols < DV
-    smask = kmask[:, None] & vmask[None, :]
-    s_offs = kk[:, None] * DV + cols[None, :]
+    kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
     if SEGMENTED:
         seq, seg, bos, eos = _locate(cu_ptr, unit, num_seqs, seg_tokens, BLOCK_N)
         start = bos + seg * seg_tokens
@@ -471,12 +473,7 @@ def _combine_kernel(
     is its initial state, written here."""
     seq = tl.program_id(0)
     hv = tl.program_id(1)
-    kk = tl.arange(0, BLOCK_K)
-    kmask = kk < DK
-    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    vmask = cols < DV
-    smask = kmask[:, None] & vmask[None, :]
-    s_offs = kk[:, None] * DV + cols[None, :]
+    kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
     i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
     pieces = tl.cdiv(eos_i - bos_i, seg_tokens)
     first = tl.sum(tl.where(i < seq, pieces, 0), 0)

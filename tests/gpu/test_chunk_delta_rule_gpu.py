@@ -1,4 +1,5 @@
-"""The chunked delta-rule prefill at real shapes on a GPU (16 heads, K = V = 128, bf16 q/k/v).
+"""The chunked delta-rule prefill at real shapes on a GPU (16 heads, K = V = 128, bf16 q/k/v);
+marked ``gpu`` and skipped without CUDA by tests/gpu/conftest.py.
 
 The reference is :func:`labkit.ops.delta_rule.delta_rule_chunked_ref` in float32 (equal to the
 step-by-step recurrence: tests/test_delta_rule.py), fast enough on a GPU for 16k tokens. The
@@ -10,11 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err
+from labkit.bench.ops import rel_err
 from labkit.ops.chunk_delta_rule import chunk_delta_rule, num_checkpoints
 from labkit.ops.delta_rule import delta_rule_chunked_ref
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 BOUND = 1e-2
 H, D = 16, 128

@@ -5,14 +5,14 @@ shape (16 heads, K = V = 128, bf16 q/k/v, float32 log-decays and states) for one
 T = 1,024 ... 65,536 tokens and for a packed batch of 8 x 2,048 (one call with ``cu_seqlens``),
 with and without the sequence split; and fla's ``chunk_gated_delta_rule`` on the same inputs in
 the same run when fla is importable. Each call is captured once in a CUDA graph and replayed
-(:func:`labkit.opbench.graph_us`: CUDA events, median of repeats), so launch overhead is what a
+(:func:`labkit.timing.measure`: CUDA events, median of repeats), so launch overhead is what a
 graph pays. Rows give milliseconds, tokens/s, and the bandwidth implied by the bytes a call must
 move (q, k, v and o, g and beta, the state in and out: the intermediate buffers of either
 implementation are not counted), and labkit's relative RMS difference from fla's output.
 
-    python -m labkit.bench_gdn_prefill                      # prints the rows
-    python -m labkit.bench_gdn_prefill --splits 0 4 16 64   # sweeps the split (chunks per segment)
-    python -m labkit.bench_gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
+    python -m labkit.bench.gdn_prefill                      # prints the rows
+    python -m labkit.bench.gdn_prefill --splits 0 4 16 64   # sweeps the split (chunks per segment)
+    python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
 """
 
 from __future__ import annotations
@@ -66,15 +66,6 @@ def _call_bytes(x: dict) -> int:
     return io + g.numel() * g.element_size() + beta.numel() * beta.element_size() + 2 * state.numel() * 4
 
 
-def _error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float("inf") if not torch.isfinite(a).all() else ((a - b).norm() / b.norm()).item()
-
-
 def bench_gdn_prefill(
     lengths: tuple[int, ...] = LENGTHS,
     packed: tuple[int, int] | None = PACKED,
@@ -88,8 +79,10 @@ def bench_gdn_prefill(
     (None: its own choice, reported as the number it chose; 0: no split)."""
     if not torch.cuda.is_available():
         raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
-    from .ops.chunk_delta_rule import chunk_delta_rule, prefill_block_v, prefill_split
-    from .opbench import graph_us
+    from ..ops.chunk_delta_rule import chunk_delta_rule, prefill_block_v, prefill_split
+    from ..timing import measure
+    from .decode import _error as error_text
+    from .ops import rel_err
 
     fla = None
     if with_fla:
@@ -104,7 +97,7 @@ def bench_gdn_prefill(
         total, nbytes = sequences * length, _call_bytes(x)
 
         def timed(row: GdnPrefillResult, call) -> GdnPrefillResult:
-            row.ms = graph_us(call, 1, reps) / 1e3
+            row.ms = measure(call, device="cuda", graph=True, repeats=reps).ms
             row.tokens_per_s = total / (row.ms * 1e-3)
             row.bytes, row.bytes_per_s = nbytes, nbytes / (row.ms * 1e-3)
             return row
@@ -121,7 +114,7 @@ def bench_gdn_prefill(
                 fla_out = fla_call()[0]
                 timed(row, fla_call)
             except Exception as exc:  # a peer that fails (e.g. to be captured) is a finding, not a crash
-                row.error = _error(exc)
+                row.error = error_text(exc)
             rows.append(row)
         blocks = -(-head_dim // prefill_block_v(head_dim))
         for split in splits:
@@ -130,10 +123,10 @@ def bench_gdn_prefill(
             try:
                 o, _ = chunk_delta_rule(**x, split=chosen)
                 if fla_out is not None:
-                    row.rel_diff_vs_fla = _rel(o, fla_out)
+                    row.rel_diff_vs_fla = rel_err(o, fla_out)
                 timed(row, lambda: chunk_delta_rule(**x, split=chosen))
             except Exception as exc:
-                row.error = _error(exc)
+                row.error = error_text(exc)
             rows.append(row)
         del x, fla_out
         torch.cuda.empty_cache()
@@ -155,7 +148,7 @@ def print_rows(rows: list[GdnPrefillResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m labkit.bench_gdn_prefill", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m labkit.bench.gdn_prefill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
     p.add_argument("--packed", nargs=2, type=int, default=list(PACKED), metavar=("SEQUENCES", "TOKENS"))
@@ -168,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), splits, reps=args.reps, with_fla=not args.no_fla)
     print_rows(rows)
     if args.name:
-        from .bench import write_results
-        from .hw import device_facts
+        from ..hw import device_facts
+        from .results import write_results
 
         print(write_results(args.name, "gdn-prefill", rows, device_facts("cuda")))
     return 0
