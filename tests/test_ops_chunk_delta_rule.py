@@ -2,8 +2,8 @@
 
 Every output buffer (o, final state, checkpoints) is poisoned with NaN before the kernel runs, so
 an element it fails to write fails the comparison. Bounds: 1e-5 for float32 inputs (every
-product is exact float32 in the interpreter), 1e-2 for bfloat16 inputs (W, U0, P and o are
-rounded to bfloat16 once, as fla rounds them).
+product is exact float32 in the interpreter), 1e-2 for bfloat16 inputs (products take bf16
+operands and W, U0, P and o are stored in bf16, as in fla; the interpreter rounds as a GPU does).
 """
 
 import pytest
