@@ -589,7 +589,7 @@ def chunk_delta_rule(
         lets :func:`prefill_split` decide.
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
         warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
-        without spills on sm_90: tools/compile_check_prefill.py).
+        without spills on sm_90: python -m labkit.compile_check_prefill).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """

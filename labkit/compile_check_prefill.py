@@ -1,14 +1,13 @@
-#!/usr/bin/env python
 """Compile the chunked delta-rule prefill kernels (labkit.ops.chunk_delta_rule) for a GPU, on a
 machine without one, and report registers, spills and shared memory per kernel variant.
 
-    python tools/compile_check_prefill.py                 # sm_90 (H100/H200), Qwen3.5 shapes
-    python tools/compile_check_prefill.py --block-v 32 64 --warps 4 8 --stages 1 2 3
+    python -m labkit.compile_check_prefill                 # sm_90 (H100/H200), Qwen3.5 shapes
+    python -m labkit.compile_check_prefill --block-v 32 64 --warps 4 8 --stages 1 2 3
 
-The stand-in driver of ``python -m labkit compile-check`` (labkit.compile_check: nothing runs;
-Triton compiles each launch down to a cubin with its bundled ptxas), driven through the prefill
-launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without the
-sequence split. Run it as its own process (it replaces Triton's driver).
+The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.compile_check`: nothing
+runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
+prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without
+the sequence split. Like compile-check, it replaces Triton's driver: run it as its own process.
 """
 
 from __future__ import annotations
@@ -18,29 +17,34 @@ import itertools
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
-
-import torch  # noqa: E402
-from triton.runtime import driver  # noqa: E402
-from triton.runtime import jit as triton_jit  # noqa: E402
-
-from labkit import compile_check as cc  # noqa: E402
-from labkit.ops import chunk_delta_rule as cdr  # noqa: E402
-from labkit.ops.launch import NOMINAL_SMS  # noqa: E402
+import torch
 
 SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m labkit.compile_check_prefill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     parser.add_argument("--block-v", nargs="*", type=int, default=[32])
-    parser.add_argument("--warps", nargs="*", type=int, default=[None])
+    parser.add_argument("--warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--stages", nargs="*", type=int, default=[2])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+
+    if "triton" not in sys.modules:
+        os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
+    import triton
+    from triton.runtime import driver
+    from triton.runtime import jit as triton_jit
+
+    if triton.knobs.runtime.interpret:
+        print("this check needs Triton's compiler, but this process runs its interpreter "
+              "(TRITON_INTERPRET=1 before triton was imported): run it in a fresh process")
+        return 2
+    from . import compile_check as cc
+    from .ops import chunk_delta_rule as cdr
+    from .ops.launch import NOMINAL_SMS
 
     driver.set_active(cc._CompileOnlyDriver(args.arch, NOMINAL_SMS))
     triton_jit.JITFunction.run = cc._compile_only(triton_jit.JITFunction.run)
