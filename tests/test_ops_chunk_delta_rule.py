@@ -78,10 +78,11 @@ def test_no_initial_state_and_grouped_heads(device):
     assert rel_err(s, s_ref) < 1e-5
 
 
-def test_bfloat16_inputs(device):
-    q, k, v, g, beta, state = _inputs(1, 100, 1, 2, 32, 32, seed=3, dtype=torch.bfloat16, device=device)
+@pytest.mark.parametrize("split", [0, 1])
+def test_bfloat16_inputs(split, device):
+    q, k, v, g, beta, state = _inputs(1, 200, 1, 2, 32, 32, seed=3, dtype=torch.bfloat16, device=device)
     o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g.bfloat16(), beta.bfloat16(), state)
-    o, s = _run(q, k, v, g.bfloat16(), beta.bfloat16(), state, split=0)
+    o, s = _run(q, k, v, g.bfloat16(), beta.bfloat16(), state, split=split)
     assert o.dtype == torch.bfloat16
     assert rel_err(o, o_ref) < BOUND[torch.bfloat16]
     assert rel_err(s, s_ref) < BOUND[torch.bfloat16]
