@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "labkit.bench.cli",
         "tune": "labkit.bench.tune",
         "compile-check": "labkit.compile_check",
+        "compile-check-prefill": "labkit.compile_check_prefill",
         "train-tiny": "labkit.train",
     }
     if argv and argv[0] in own_parsers:

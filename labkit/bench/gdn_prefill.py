@@ -17,6 +17,8 @@ implementation are not counted), and labkit's relative RMS difference from fla's
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 
 import torch
@@ -161,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), splits, reps=args.reps, with_fla=not args.no_fla)
     print_rows(rows)
     if args.name:
+        import shlex
+
         from ..hw import device_facts
         from .results import write_results
 
-        print(write_results(args.name, "gdn-prefill", rows, device_facts("cuda")))
+        command = shlex.join(["python", "-m", "labkit.bench.gdn_prefill", *(argv if argv is not None else sys.argv[1:])])
+        print(write_results(args.name, "gdn-prefill", rows, device_facts("cuda"), command=command))
     return 0
 
 
