@@ -130,7 +130,7 @@ def bench_gdn_prefill(
             except Exception as exc:
                 row.error = error_text(exc)
             rows.append(row)
-        del x, fla_out
+        x = fla_out = None  # free this case's inputs before the next is made
         torch.cuda.empty_cache()
     return rows
 
