@@ -11,6 +11,8 @@
 #              1 and 10 generate() calls, set-up included (~3 min)
 #   tune       python -m labkit tune: linear blockings swept into data/tuning/<gpu>.json, for at most
 #              TUNE_LIMIT_S seconds of new keys (default 240; TUNE_BATCHES, default "1 16")
+#   prefill    python -m labkit.bench.gdn_prefill: the chunked delta-rule kernel against fla, T = 1k..64k and
+#              8 packed prompts, split choices PREFILL_SPLITS (default "auto 0 16"), into data/bench (~2 min)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
 # GPU=1 runs on the second GPU of a two-GPU machine; two sessions on two GPUs may run side by side:
 #   (GPU=1 STAGES="train tune" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks gputests" bash tools/gpu_session.sh; wait
@@ -60,9 +62,14 @@ for stage in $STAGES; do
         --impls ${DECODE_IMPLS:-fused fused+graph fused+graph+pdl} --repeats 3 > $OUT/decode.log 2>&1
       tail -30 $OUT/decode.log
       tar czf $OUT/decode.tgz data/bench ;;
+    prefill)
+      PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${PREFILL_TIMEOUT:-240} python3 -m labkit.bench.gdn_prefill \
+        --splits ${PREFILL_SPLITS:-auto 0 16} --name gdn-prefill > $OUT/prefill.log 2>&1
+      tail -30 $OUT/prefill.log
+      tar czf $OUT/prefill.tgz data/bench ;;
     tune)
       timeout ${TUNE_TIMEOUT:-540} python3 -m labkit tune --batches ${TUNE_BATCHES:-1 16} \
-        --time-limit-s ${TUNE_LIMIT_S:-240} > $OUT/tune.log 2>&1
+        --time-limit-s ${TUNE_LIMIT_S:-240} ${TUNE_OUT:+--out-dir $TUNE_OUT} > $OUT/tune.log 2>&1
       tail -40 $OUT/tune.log
       cp data/tuning/*.json $OUT/ ;;
     compile)
