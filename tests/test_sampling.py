@@ -108,6 +108,11 @@ def test_top_k_keeps_exactly_the_k_most_likely(k):
     _assert_distribution(_draw(TWOS, SamplingParams(1.0, top_k=k)), _renormalised(probs, top))
 
 
+def test_top_k_of_all_but_one_drops_the_least_likely():
+    logits = torch.tensor([3.0, 1.0, 2.0, 0.0, 4.0])
+    assert _kept(_draw(logits, SamplingParams(1.0, top_k=4), n=2000)) == {0, 1, 2, 4}
+
+
 @pytest.mark.parametrize("k", [5, 6, 1000])
 def test_top_k_of_the_whole_vocabulary_or_more_keeps_everything(k):
     _assert_distribution(_draw(TWOS, SamplingParams(1.0, top_k=k)), TWOS.softmax(-1))
