@@ -1,6 +1,7 @@
-"""A tensor of the right size but the wrong shape must stop the load, naming the tensor and both shapes.
+"""Every tensor of a checkpoint is checked as it loads, and each one lands where it belongs.
 
-Comparing only element counts would let a transposed matrix through: some joins reinterpret the
+A tensor of the right size but the wrong shape must stop the load, naming the tensor and both
+shapes. Comparing only element counts would let a transposed matrix through: some joins reinterpret the
 memory (Qwen3.5's q_proj is viewed per head) and some broadcast on copy (a conv weight stored as
 [C, K, 1] instead of [C, 1, K]), so the model would load without complaint and compute nonsense.
 """
@@ -86,3 +87,13 @@ def test_other_float_dtypes_load_converted(checkpoint, tmp_path):
     half = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
     model = _load(half, config_json, tmp_path / "bf16")
     assert torch.equal(model.embed.weight, tensors["model.embed_tokens.weight"].to(torch.bfloat16).float())
+
+
+def test_an_untied_head_round_trips(tmp_path):
+    """The tiny presets tie lm_head to the embedding; an untied model saves and loads its own head."""
+    model = labkit.build(labkit.PRESETS["tiny-qwen3.5"].replace(tie_embeddings=False), dtype=torch.float32, seed=6)
+    assert model.lm_head is not None and not torch.equal(model.lm_head, model.embed.weight)
+    labkit.save(model, tmp_path)
+    assert "lm_head.weight" in load_file(tmp_path / "model.safetensors")
+    again = labkit.load(tmp_path, dtype=torch.float32)
+    assert torch.equal(again.lm_head, model.lm_head) and torch.equal(again.embed.weight, model.embed.weight)
