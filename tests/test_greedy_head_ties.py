@@ -28,7 +28,8 @@ def _winners(rows: int, tiles: int, seed: int = 0) -> tuple[torch.Tensor, torch.
     index inside its own tile."""
     g = torch.Generator().manual_seed(seed)
     val = torch.rand(rows, tiles, generator=g) * 0.9
-    idx = torch.arange(tiles, dtype=torch.int32) * BLOCK_N + torch.randint(0, BLOCK_N, (rows, tiles), generator=g, dtype=torch.int32)
+    in_tile = torch.randint(0, BLOCK_N, (rows, tiles), generator=g, dtype=torch.int32)
+    idx = torch.arange(tiles, dtype=torch.int32) * BLOCK_N + in_tile
     return val, idx
 
 
