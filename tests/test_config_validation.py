@@ -44,6 +44,7 @@ def test_gdn_sizes_only_matter_with_gdn_layers():
         (LFM2, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type"),
         (QWEN, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_type"),
         (QWEN, {"layer_types": ["linear_attention", "sliding_attention"] * 2 + ["full_attention"]}, "sliding"),
+        (LFM2, {"layer_types": ["conv", "conv", "sliding_attention", "conv", "full_attention"]}, "sliding"),
     ],
 )
 def test_unsupported_hf_configs_are_refused(base, changes, message):
