@@ -166,10 +166,18 @@ def lfm2_ff_dim(block_ff_dim: int, auto_adjust: bool, multiplier: float | None, 
     return width
 
 
+def _layer_kinds(hf_types: list[str], mapping: Mapping[str, str], family: str) -> list[str]:
+    """transformers' layer type names as labkit's; an unknown one is refused, never guessed."""
+    unknown = sorted({t for t in hf_types if t not in mapping})
+    if unknown:
+        raise ValueError(f"{family} layer types {unknown} are not supported")
+    return [mapping[t] for t in hf_types]
+
+
 def _lfm2_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     n_layers = hf["num_hidden_layers"]
     if hf.get("layer_types"):
-        kinds = ["attention" if t == "full_attention" else "conv" for t in hf["layer_types"]]
+        kinds = _layer_kinds(hf["layer_types"], {"full_attention": "attention", "conv": "conv"}, "LFM2")
     else:
         attn = hf.get("full_attn_idxs")
         attn = list(range(n_layers)) if attn is None else attn
@@ -210,11 +218,7 @@ def _lfm2_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
 def _qwen35_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     n_layers = hf["num_hidden_layers"]
     if hf.get("layer_types"):
-        mapping = {"full_attention": "attention", "linear_attention": "gdn"}
-        unknown = sorted({t for t in hf["layer_types"] if t not in mapping})
-        if unknown:
-            raise ValueError(f"Qwen3.5 layer types {unknown} are not supported")
-        kinds = [mapping[t] for t in hf["layer_types"]]
+        kinds = _layer_kinds(hf["layer_types"], {"full_attention": "attention", "linear_attention": "gdn"}, "Qwen3.5")
     else:
         every = hf.get("full_attention_interval", 4)
         kinds = ["attention" if (i + 1) % every == 0 else "gdn" for i in range(n_layers)]

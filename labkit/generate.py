@@ -70,10 +70,11 @@ def generate(
     input_ids = input_ids.to(model.device)
     B, T = input_ids.shape
     params = SamplingParams(temperature, top_k, top_p)
+    stop_tokens = [int(t) for t in stop_tokens]  # an iterator is read once; the first one given pads
     stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=model.device)
     if stops.numel() and (int(stops.min()) < 0 or int(stops.max()) >= model.cfg.vocab_size):
         raise ValueError(f"stop tokens must be in [0, {model.cfg.vocab_size})")
-    pad = pad_token_id if pad_token_id is not None else (int(stops[0]) if stops.numel() else 0)
+    pad = pad_token_id if pad_token_id is not None else (stop_tokens[0] if stop_tokens else 0)
 
     if cache is None:
         cache = model.new_cache(batch_size=B, max_len=T + max_new_tokens)

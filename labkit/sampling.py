@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,8 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -30,7 +31,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits: [B, V] -> token ids [B] (int64)."""
     if params.greedy:
         return logits.argmax(-1)
-    scores = logits.float() / params.temperature
+    # Shifted so the largest score is 0 before dividing: a tiny temperature then sends the others
+    # to -inf instead of overflowing every score to inf (and the softmax to NaN).
+    scores = logits.float()
+    scores = (scores - scores.amax(-1, keepdim=True)) / params.temperature
     if params.top_k is not None and params.top_k < scores.shape[-1]:
         kth = scores.topk(params.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
