@@ -9,7 +9,9 @@ and the model is embed -> blocks -> final norm -> lm_head (tied to the embedding
 config says so). Weights that one decode step reads together are stored together, so that a
 fused kernel later streams one matrix per step: q|k|v(|gate) for attention, B|C|x for the short
 conv, q|k|v|z|b|a for Gated DeltaNet, gate|up for the MLP. The reference forward still computes
-every piece in plain torch; it is the function every faster backend must reproduce.
+every piece in plain torch; it is the function every faster backend must reproduce. Each mixer is
+``in_proj -> labkit.ops.mixers.<mixer>_ref -> out_proj``: the maths between the projections is
+stated once there, and the decode kernels are tested against the same functions.
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ from torch import nn
 
 from .cache import HybridCache
 from .config import ModelConfig
-from .ops.causal_conv import causal_conv_ref
-from .ops.delta_rule import delta_rule_chunked_ref, delta_rule_recurrent_ref
-from .ops.norm import gated_rms_norm_ref, l2_norm_ref, rms_norm_ref
-from .ops.rope import rope_inv_freq, rope_ref
+from .ops.mixers import AttentionDims, GdnDims, attention_ref, gated_deltanet_ref, short_conv_ref
+from .ops.norm import rms_norm_ref
+from .ops.rope import rope_inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -56,8 +57,16 @@ class SwiGLU(nn.Module):
         return F.linear(F.silu(gate) * up, self.down)
 
 
+def attention_dims(cfg: ModelConfig) -> AttentionDims:
+    return AttentionDims(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim, cfg.attn_output_gate)
+
+
+def gdn_dims(cfg: ModelConfig) -> GdnDims:
+    return GdnDims(cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim)
+
+
 class Attention(nn.Module):
-    """Grouped-query attention over the static KV cache.
+    """Grouped-query attention over the static KV cache (maths: :func:`labkit.ops.mixers.attention_ref`).
 
     q, k get a per-head RMSNorm, then RoPE on their first ``rotary_dim`` channels. With
     ``attn_output_gate`` (Qwen3.5) the output of each head is multiplied by sigmoid(gate), a
@@ -68,70 +77,47 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layer = layer
-        self.sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size] + ([cfg.q_size] if cfg.attn_output_gate else [])
-        self.wqkv = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
+        self.dims = attention_dims(cfg)
+        self.wqkv = nn.Parameter(torch.empty(self.dims.proj_dim, cfg.hidden_size))
         self.wo = nn.Parameter(torch.empty(cfg.hidden_size, cfg.q_size))
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
-        cfg = self.cfg
-        B, T, _ = x.shape
-        parts = F.linear(x, self.wqkv).split(self.sizes, dim=-1)
-        q = parts[0].view(B, T, cfg.num_heads, cfg.head_dim)
-        k = parts[1].view(B, T, cfg.num_kv_heads, cfg.head_dim)
-        v = parts[2].view(B, T, cfg.num_kv_heads, cfg.head_dim)
-        q = rope_ref(self.q_norm(q), positions, self.inv_freq)
-        k = rope_ref(self.k_norm(k), positions, self.inv_freq)
-
-        if cache is None:
-            keys, values, key_pos = k, v, positions
-        else:
-            rows = torch.arange(B, device=x.device)[:, None]
-            cache.keys[self.layer][rows, :, positions] = k
-            cache.values[self.layer][rows, :, positions] = v
-            length = cache.seq_len + T
-            keys = cache.keys[self.layer][:, :, :length].transpose(1, 2)
-            values = cache.values[self.layer][:, :, :length].transpose(1, 2)
-            key_pos = torch.arange(length, device=x.device).expand(B, length)
-        visible = key_pos[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, L]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=visible,
-            scale=cfg.head_dim**-0.5,
-            enable_gqa=True,
+        keys = values = None
+        if cache is not None:  # the sequences' cached positions and the T new ones, nothing past them
+            length = cache.seq_len + x.shape[1]
+            keys = cache.keys[self.layer][:, :, :length]
+            values = cache.values[self.layer][:, :, :length]
+        out = attention_ref(
+            F.linear(x, self.wqkv), self.q_norm.weight, self.k_norm.weight, self.inv_freq, keys, values,
+            positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset,
         )
-        out = out.transpose(1, 2).reshape(B, T, cfg.q_size)
-        if cfg.attn_output_gate:
-            out = out * torch.sigmoid(parts[3])
         return F.linear(out, self.wo)
 
 
 class ShortConv(nn.Module):
-    """LFM2's gated short convolution: out(C * conv(B * x)), with B, C, x = in_proj(input)."""
+    """LFM2's gated short convolution: out(C * conv(B * x)), with B, C, x = in_proj(input)
+    (maths: :func:`labkit.ops.mixers.short_conv_ref`)."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
-        self.hidden = cfg.hidden_size
         self.in_proj = nn.Parameter(torch.empty(3 * cfg.hidden_size, cfg.hidden_size))
         self.conv_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.conv_kernel))
         self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.hidden_size))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
-        b, c, xx = F.linear(x, self.in_proj).split(self.hidden, dim=-1)
         state = None if cache is None else cache.conv_states[self.layer]
-        y, new_state = causal_conv_ref(b * xx, self.conv_weight, state)
+        y, new_state = short_conv_ref(F.linear(x, self.in_proj), state, self.conv_weight)
         if cache is not None:
             state.copy_(new_state)
-        return F.linear((c.float() * y).to(x.dtype), self.out_proj)
+        return F.linear(y, self.out_proj)
 
 
 class GatedDeltaNet(nn.Module):
-    """Qwen3.5's linear-attention mixer.
+    """Qwen3.5's linear-attention mixer (maths: :func:`labkit.ops.mixers.gated_deltanet_ref`).
 
     q|k|v go through a depthwise causal conv and SiLU; q, k are L2-normalised per head; the
     per-head gates are g = -exp(A_log) * softplus(a + dt_bias) (a log-decay, <= 0) and
@@ -143,9 +129,9 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layer = layer
+        self.dims = gdn_dims(cfg)
         nv = cfg.gdn_num_v_heads
-        self.sizes = [cfg.gdn_conv_dim, cfg.gdn_value_dim, nv, nv]  # qkv, z, b, a
-        self.in_proj = nn.Parameter(torch.empty(sum(self.sizes), cfg.hidden_size))
+        self.in_proj = nn.Parameter(torch.empty(self.dims.proj_dim, cfg.hidden_size))
         self.conv_weight = nn.Parameter(torch.empty(cfg.gdn_conv_dim, cfg.gdn_conv_kernel))
         self.A_log = nn.Parameter(torch.empty(nv))
         self.dt_bias = nn.Parameter(torch.empty(nv))
@@ -153,27 +139,16 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.gdn_value_dim))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
-        cfg = self.cfg
-        B, T, _ = x.shape
-        qkv, z, b, a = F.linear(x, self.in_proj).split(self.sizes, dim=-1)
         conv_state = None if cache is None else cache.conv_states[self.layer]
-        qkv, new_conv_state = causal_conv_ref(qkv, self.conv_weight, conv_state)
-        qkv = F.silu(qkv)
-        q, k, v = qkv.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
-        q = l2_norm_ref(q.reshape(B, T, cfg.gdn_num_k_heads, cfg.gdn_k_head_dim))
-        k = l2_norm_ref(k.reshape(B, T, cfg.gdn_num_k_heads, cfg.gdn_k_head_dim))
-        v = v.reshape(B, T, cfg.gdn_num_v_heads, cfg.gdn_v_head_dim)
-        beta = torch.sigmoid(b.float())
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-
         state = None if cache is None else cache.recurrent_states[self.layer]
-        rule = delta_rule_recurrent_ref if T == 1 else delta_rule_chunked_ref
-        o, new_state = rule(q, k, v, g, beta, state)
+        y, new_conv_state, new_state = gated_deltanet_ref(
+            F.linear(x, self.in_proj), conv_state, self.conv_weight, self.A_log, self.dt_bias, self.norm_weight,
+            state, self.dims, self.cfg.norm_eps,
+        )
         if cache is not None:
             conv_state.copy_(new_conv_state)
             state.copy_(new_state)
-        o = gated_rms_norm_ref(o, z.reshape(B, T, cfg.gdn_num_v_heads, cfg.gdn_v_head_dim), self.norm_weight, cfg.norm_eps)
-        return F.linear(o.reshape(B, T, cfg.gdn_value_dim).to(x.dtype), self.out_proj)
+        return F.linear(y, self.out_proj)
 
 
 MIXERS = {"attention": Attention, "conv": ShortConv, "gdn": GatedDeltaNet}

@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
@@ -51,27 +50,7 @@ from .launch import (
     interpreting,
     next_pow2,
 )
-from .norm import rms_norm_ref
-from .rope import rope_ref
-
-
-@dataclass(frozen=True)
-class AttentionDims:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rotary_dim: int
-    output_gate: bool = False
-
-    @property
-    def proj_dim(self) -> int:
-        """q | k | v (| gate) rows of the projection."""
-        gate = self.num_heads if self.output_gate else 0
-        return (self.num_heads + 2 * self.num_kv_heads + gate) * self.head_dim
-
-    @property
-    def group(self) -> int:
-        return self.num_heads // self.num_kv_heads
+from .mixers import AttentionDims, attention_ref
 
 
 @device_function
@@ -346,28 +325,13 @@ def attention_decode_ref(
     eps: float,
     unit_offset: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out [B, nh*hd], new keys, new values) as the reference Attention computes one token; the
-    caches are not modified. Sequences may have different lengths."""
-    B, hd = proj.shape[0], dims.head_dim
-    nh, nkv = dims.num_heads, dims.num_kv_heads
-    sizes = [nh * hd, nkv * hd, nkv * hd] + ([nh * hd] if dims.output_gate else [])
-    parts = proj[:, None].split(sizes, dim=-1)
-    positions = lengths.long()[:, None]
-    q = rope_ref(rms_norm_ref(parts[0].reshape(B, 1, nh, hd), q_norm_weight, eps, unit_offset), positions, inv_freq)
-    k = rope_ref(rms_norm_ref(parts[1].reshape(B, 1, nkv, hd), k_norm_weight, eps, unit_offset), positions, inv_freq)
-    v = parts[2].reshape(B, 1, nkv, hd)
+    """(out [B, nh*hd], new keys, new values): :func:`labkit.ops.mixers.attention_ref` (the model's
+    maths) for one token at position ``lengths[b]``; the caches are not modified. Sequences may
+    have different lengths."""
     keys, values = keys.clone(), values.clone()
-    rows = torch.arange(B, device=proj.device)[:, None]
-    keys[rows, :, positions] = k
-    values[rows, :, positions] = v
-    out = torch.empty(B, nh * hd, dtype=proj.dtype, device=proj.device)
-    for b in range(B):
-        n = int(lengths[b]) + 1
-        o = F.scaled_dot_product_attention(
-            q[b : b + 1].transpose(1, 2), keys[b : b + 1, :, :n], values[b : b + 1, :, :n],
-            scale=hd**-0.5, enable_gqa=True,
-        )
-        out[b] = o.transpose(1, 2).reshape(nh * hd)
-    if dims.output_gate:
-        out = out * torch.sigmoid(parts[3][:, 0])
-    return out, keys, values
+    seen = int(lengths.max()) + 1  # no query reads past the longest sequence's new token
+    out = attention_ref(
+        proj[:, None], q_norm_weight, k_norm_weight, inv_freq, keys[:, :, :seen], values[:, :, :seen],
+        lengths.long()[:, None], dims, eps, unit_offset,
+    )
+    return out[:, 0], keys, values

@@ -31,13 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .causal_conv import causal_conv_ref
-from .delta_rule import delta_rule_recurrent_ref
 from .launch import (
     device_function,
     FLOAT_DTYPES,
@@ -54,31 +51,7 @@ from .launch import (
     next_pow2,
     num_sms,
 )
-from .norm import gated_rms_norm_ref, l2_norm_ref
-
-
-@dataclass(frozen=True)
-class GdnDims:
-    num_k_heads: int
-    num_v_heads: int
-    k_head_dim: int
-    v_head_dim: int
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_k_heads * self.k_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_v_heads * self.v_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
-
-    @property
-    def proj_dim(self) -> int:
-        return self.conv_dim + self.value_dim + 2 * self.num_v_heads
+from .mixers import GdnDims, gated_deltanet_ref
 
 
 @device_function
@@ -323,19 +296,9 @@ def gdn_decode_ref(
     dims: GdnDims,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out [B, nv*dv], new conv_state, new state), as the reference GatedDeltaNet computes one
-    token; the inputs are not modified."""
-    B = proj.shape[0]
-    nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
-    qkv, z, b, a = proj[:, None].split([dims.conv_dim, dims.value_dim, nv, nv], dim=-1)
-    qkv, new_conv_state = causal_conv_ref(qkv, conv_weight, conv_state)
-    qkv = F.silu(qkv)
-    q, k, v = qkv.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
-    q = l2_norm_ref(q.reshape(B, 1, nk, dk))
-    k = l2_norm_ref(k.reshape(B, 1, nk, dk))
-    v = v.reshape(B, 1, nv, dv)
-    beta = torch.sigmoid(b.float())
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    o, new_state = delta_rule_recurrent_ref(q, k, v, g, beta, state)
-    o = gated_rms_norm_ref(o, z.reshape(B, 1, nv, dv), norm_weight, eps)
-    return o.reshape(B, dims.value_dim).to(proj.dtype), new_conv_state, new_state
+    """(out [B, nv*dv], new conv_state, new state): :func:`labkit.ops.mixers.gated_deltanet_ref`
+    (the model's maths) for one token; the inputs are not modified."""
+    out, new_conv_state, new_state = gated_deltanet_ref(
+        proj[:, None], conv_state, conv_weight, A_log, dt_bias, norm_weight, state, dims, eps
+    )
+    return out[:, 0], new_conv_state, new_state

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .causal_conv import causal_conv_ref
 from .launch import FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_no_overlap, check_tensor, interpreter_flags, interpreting, next_pow2
+from .mixers import short_conv_ref
 
 
 @triton.jit
@@ -104,7 +104,7 @@ def short_conv_decode(
 def short_conv_decode_ref(
     proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y [B, H], new_state [B, K-1, H]) as the reference ShortConv computes them; ``state`` is not modified."""
-    b, c, x = proj[:, None].chunk(3, dim=-1)
-    y, new_state = causal_conv_ref(b * x, weight, state)
-    return (c.float() * y).to(proj.dtype)[:, 0], new_state
+    """(y [B, H], new_state [B, K-1, H]): :func:`labkit.ops.mixers.short_conv_ref` (the model's
+    maths) for one token; ``state`` is not modified."""
+    y, new_state = short_conv_ref(proj[:, None], state, weight)
+    return y[:, 0], new_state

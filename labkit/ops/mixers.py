@@ -1,0 +1,180 @@
+"""The three token mixers after their input projection, in plain torch: the one statement of each.
+
+The model's mixers are ``in_proj -> (these) -> out_proj``; the decode kernels' references are
+these at T = 1. Each takes the projection ``proj [B, T, P]`` of T new tokens per sequence and the
+layer's weights and state:
+
+- gated short conv (LFM2), ``proj = B | C | x`` (H channels each), conv state ``[B, K-1, H]``::
+
+      y = C * conv(B * x)                 depthwise causal conv over (state, B * x), see causal_conv
+
+- Gated DeltaNet (Qwen3.5), ``proj = q | k | v | z | b | a`` (q, k: nk*dk; v, z: nv*dv; b, a: nv),
+  conv state ``[B, KW-1, 2*nk*dk + nv*dv]``, float32 recurrent state ``S [B, nv, dk, dv]``::
+
+      q, k, v = silu(conv(q | k | v));  q, k L2-normalised per head
+      g = -exp(A_log) * softplus(a + dt_bias);  beta = sigmoid(b)
+      o = delta_rule(q, k, v, g, beta; S)                   recurrent for T = 1, chunked beyond
+      y = rmsnorm(o) * norm_weight * silu(z)                per value head
+
+- grouped-query attention, ``proj = q | k | v (| gate)`` (q, gate: nh*hd; k, v: nkv*hd), the KV
+  cache ``[B, nkv, L, hd]`` and the new tokens' positions ``[B, T]``::
+
+      q = rope(rmsnorm(q)), k = rope(rmsnorm(k))            per head, at each token's position
+      keys[pos], values[pos] = k, v                         written into the given cache, in place
+      y = softmax(q . keys[<= pos] / sqrt(hd)) values        (* sigmoid(gate) with an output gate)
+
+The conv and delta-rule states are returned new (the inputs are left as they were); the KV cache
+is written in place, since copying a whole cache per token would be the reference's main cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .causal_conv import causal_conv_ref
+from .delta_rule import delta_rule_chunked_ref, delta_rule_recurrent_ref
+from .norm import gated_rms_norm_ref, l2_norm_ref, rms_norm_ref
+from .rope import rope_ref
+
+
+@dataclass(frozen=True)
+class GdnDims:
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def proj_dim(self) -> int:
+        return self.conv_dim + self.value_dim + 2 * self.num_v_heads
+
+    @property
+    def proj_sizes(self) -> list[int]:
+        """q|k|v (through the conv), z, b, a."""
+        return [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    output_gate: bool = False
+
+    @property
+    def proj_sizes(self) -> list[int]:
+        """q, k, v (, gate)."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return [q, kv, kv] + ([q] if self.output_gate else [])
+
+    @property
+    def proj_dim(self) -> int:
+        """q | k | v (| gate) rows of the projection."""
+        return sum(self.proj_sizes)
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def short_conv_ref(
+    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LFM2's gated short conv: (y [B, T, H] in proj's dtype, new state [B, K-1, H]).
+
+    ``proj`` [B, T, 3H]; ``state`` [B, K-1, H] (None: zeros) is not modified; ``weight`` [H, K].
+    """
+    b, c, x = proj.chunk(3, dim=-1)
+    y, new_state = causal_conv_ref(b * x, weight, state)
+    return (c.float() * y).to(proj.dtype), new_state
+
+
+def gated_deltanet_ref(
+    proj: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor | None,
+    dims: GdnDims,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet after in_proj: (y [B, T, nv*dv] in proj's dtype, new conv state, new float32 state).
+
+    ``proj`` [B, T, P]; ``conv_state`` [B, KW-1, C] and ``state`` [B, nv, dk, dv] (None: zeros) are
+    not modified. One token steps the recurrence; longer inputs take the chunked form.
+    """
+    B, T, _ = proj.shape
+    nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
+    qkv, z, b, a = proj.split(dims.proj_sizes, dim=-1)
+    qkv, new_conv_state = causal_conv_ref(qkv, conv_weight, conv_state)
+    qkv = F.silu(qkv)
+    q, k, v = qkv.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
+    q = l2_norm_ref(q.reshape(B, T, nk, dk))
+    k = l2_norm_ref(k.reshape(B, T, nk, dk))
+    v = v.reshape(B, T, nv, dv)
+    beta = torch.sigmoid(b.float())
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    rule = delta_rule_recurrent_ref if T == 1 else delta_rule_chunked_ref
+    o, new_state = rule(q, k, v, g, beta, state)
+    o = gated_rms_norm_ref(o, z.reshape(B, T, nv, dv), norm_weight, eps)
+    return o.reshape(B, T, dims.value_dim).to(proj.dtype), new_conv_state, new_state
+
+
+def attention_ref(
+    proj: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    inv_freq: torch.Tensor,
+    keys: torch.Tensor | None,
+    values: torch.Tensor | None,
+    positions: torch.Tensor,
+    dims: AttentionDims,
+    eps: float,
+    unit_offset: bool,
+) -> torch.Tensor:
+    """Attention after the qkv projection: y [B, T, nh*hd] in proj's dtype.
+
+    ``positions`` [B, T] (integer) are the new tokens' positions; sequences may differ. ``keys``,
+    ``values`` [B, nkv, L, hd] hold each sequence's earlier tokens at their positions below L; the
+    new k, v are written into them (in place) and a query at position p sees every key at a
+    position <= p. Without a cache (None), the T tokens attend among themselves.
+    """
+    B, T, _ = proj.shape
+    nh, nkv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    parts = proj.split(dims.proj_sizes, dim=-1)
+    q = rope_ref(rms_norm_ref(parts[0].reshape(B, T, nh, hd), q_norm_weight, eps, unit_offset), positions, inv_freq)
+    k = rope_ref(rms_norm_ref(parts[1].reshape(B, T, nkv, hd), k_norm_weight, eps, unit_offset), positions, inv_freq)
+    v = parts[2].reshape(B, T, nkv, hd)
+    if keys is None:
+        keys, values, key_pos = k.transpose(1, 2), v.transpose(1, 2), positions
+    else:
+        rows = torch.arange(B, device=proj.device)[:, None]
+        keys[rows, :, positions] = k
+        values[rows, :, positions] = v
+        key_pos = torch.arange(keys.shape[2], device=proj.device).expand(B, -1)
+    visible = key_pos[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, L]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=visible, scale=hd**-0.5, enable_gqa=True
+    )
+    out = out.transpose(1, 2).reshape(B, T, nh * hd)
+    if dims.output_gate:
+        out = out * torch.sigmoid(parts[3])
+    return out
