@@ -19,6 +19,20 @@ import torch
 from .config import ModelConfig
 
 
+class Attachments(dict):
+    """Objects built around an owner's tensors (decoders, captured graphs), kept for reuse while the
+    owner lives. A copy or a pickle of the owner starts without them: they point at the original."""
+
+    def __copy__(self) -> "Attachments":
+        return Attachments()
+
+    def __deepcopy__(self, memo: dict) -> "Attachments":
+        return Attachments()
+
+    def __reduce__(self) -> tuple:
+        return (Attachments, ())
+
+
 class CacheFullError(RuntimeError):
     """Raised before a forward pass that would write past ``max_len``; the cache is left intact."""
 
@@ -65,7 +79,7 @@ class HybridCache:
         self._host_lengths = [0] * B
         # Objects other modules build around these buffers and want to reuse for as long as the
         # cache lives (e.g. captured CUDA graphs of a decode step), keyed by their owner.
-        self.attachments: dict[object, object] = {}
+        self.attachments = Attachments()
 
     # -- bookkeeping -----------------------------------------------------------------------------
     @property

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         decoder = FusedDecoder(model, model.new_cache(batch, max_len=4096))
                         decoder.pdl = pdl
-                        decoder._forward(greedy)
+                        decoder._forward(decoder.plan, greedy)
                         # the standalone short conv kernel (the backend fuses it into in_proj)
                         if "conv" in model.cfg.layer_types:
                             H = model.cfg.hidden_size

@@ -7,16 +7,23 @@ Per block, four or five launches instead of the reference's dozens:
     gdn:        in_proj (+ RMSNorm)  -> conv, norms, gates, delta rule, gated norm -> out_proj (+ residual)
     mlp:        gate_up (+ RMSNorm, SwiGLU) -> down (+ residual)
 
-then the final RMSNorm + LM head (full logits, or only the greedy token). Every buffer is
-allocated once, every position comes from ``cache.lengths`` on the device and nothing in a step
-reads back to the host, so the whole step can be captured in one ``torch.cuda.CUDAGraph`` and
-replayed per token:
+then the final RMSNorm + LM head (full logits, or only the greedy token). What a step reads is a
+typed :class:`StepPlan`, built once from the model's modules (a renamed or missing parameter fails
+there, naming the layer and the attribute). Every buffer is allocated once, every position comes
+from ``cache.lengths`` on the device and nothing in a step reads back to the host, so the whole
+step can be captured in one ``torch.cuda.CUDAGraph`` and replayed per token:
 
 - ``"fused"``: the kernels, launched eagerly (also on the CPU, in Triton's interpreter);
 - ``"fused+graph"``: the same launches captured once, replayed per token (CUDA only);
 - ``"fused+graph+pdl"``: as above, each kernel launched with programmatic dependent launch, so it
   is scheduled while its predecessor drains and waits (``griddepcontrol.wait``) only before touching
   that predecessor's output. Hopper or newer; experimental: ``tools/gpu_fused_check.py`` checks it.
+
+A decoder lives with its cache (``cache.attachments``), and ``generate`` keeps caches per model
+(see :func:`labkit.backends.pooled_decoder`), so graphs are captured once and replayed by later
+calls. A graph replays the tensors it captured: before each prefill the decoder checks that the
+model still holds the same parameters, unmodified (``_version``), on the same device and dtype,
+and otherwise rebuilds its plan and recaptures.
 
 Prefill runs the reference model (it fills the same cache the fused step reads). ``step`` returns
 the logits in a buffer that the next step overwrites; ``step_greedy`` returns next tokens without
@@ -26,13 +33,14 @@ writing logits at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Union
 
 import torch
+from torch import nn
 
 from .backends import register
 from .cache import HybridCache
-from .model import Attention, GatedDeltaNet, HybridLM, ShortConv
+from .model import HybridLM, attention_dims, gdn_dims
 from .tuning import linear_config as tuned_linear_config
 
 
@@ -50,11 +58,41 @@ def _load_ops() -> Any:
     return attention_decode, gated_delta_decode, greedy_head, launch, linear
 
 
-@dataclass
-class _LinearPlan:
+# -- graphs: the one seam the CPU tests replace ---------------------------------------------------
+class CudaGraphs:
+    """How the graph backends capture and replay a step. The CPU tests swap ``GRAPHS`` for a stand-in
+    that records the step and re-runs it on replay, so capture, replay and reuse run without a GPU."""
+
+    def available(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def warm_up(self, step: Callable[[], None], device: torch.device) -> None:
+        """Run ``step`` once outside any capture (kernels compile and load), on a side stream as
+        torch.cuda.graph asks."""
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream(device).wait_stream(side)
+
+    def capture(self, step: Callable[[], None], device: torch.device) -> Any:
+        """A graph of ``step``'s launches (not run now); ``.replay()`` runs them."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        torch.cuda.synchronize(device)
+        return graph
+
+
+GRAPHS = CudaGraphs()
+
+
+# -- the plan: what one step reads, typed, built from the model's modules -------------------------
+@dataclass(frozen=True)
+class LinearPlan:
     weight: torch.Tensor
     config: Any  # LinearConfig
-    norm_weight: torch.Tensor | None = None
+    norm_weight: torch.Tensor | None = None  # RMSNorm in the prologue
     row_blocks: int = 1  # 2: SwiGLU's gate|up, 3: the short conv's B|C|x
 
     @property
@@ -62,223 +100,349 @@ class _LinearPlan:
         return self.weight.shape[0] // self.row_blocks
 
 
+@dataclass(frozen=True)
+class MlpPlan:
+    gate_up: LinearPlan  # mlp norm + gate|up, SwiGLU in the epilogue
+    down: LinearPlan  # + residual
+
+
+@dataclass(frozen=True)
+class ConvLayerPlan:
+    index: int
+    in_proj: LinearPlan  # mixer norm + B|C|x, the short conv and its state shift in the epilogue
+    conv_weight: torch.Tensor
+    out_proj: LinearPlan
+    mlp: MlpPlan
+
+
+@dataclass(frozen=True)
+class AttentionLayerPlan:
+    index: int
+    in_proj: LinearPlan  # mixer norm + the model's wqkv: q|k|v(|gate)
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    inv_freq: torch.Tensor
+    out_proj: LinearPlan  # the model's wo
+    mlp: MlpPlan
+
+
+@dataclass(frozen=True)
+class GdnLayerPlan:
+    index: int
+    in_proj: LinearPlan  # mixer norm + q|k|v|z|b|a
+    conv_weight: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    norm_weight: torch.Tensor
+    out_proj: LinearPlan
+    mlp: MlpPlan
+
+
+LayerPlan = Union[ConvLayerPlan, AttentionLayerPlan, GdnLayerPlan]
+
+
+@dataclass
+class StepPlan:
+    """Everything a decode step touches besides the cache; a captured graph holds these very tensors."""
+
+    embed: torch.Tensor
+    layers: list[LayerPlan]
+    head: LinearPlan  # final norm + LM head -> logits
+    greedy: LinearPlan  # the same, argmax only
+    eps: float
+    unit_offset: bool
+    # static buffers: one per distinct shape, reused by every layer
+    tokens: torch.Tensor
+    h: torch.Tensor
+    act: torch.Tensor
+    logits: torch.Tensor
+    next_tokens: torch.Tensor
+    proj: dict[str, torch.Tensor]  # per mixer kind (the conv's projection never leaves its kernel)
+    mixed: dict[str, torch.Tensor]
+    linear_ws: Any  # LinearWorkspace
+    head_buffers: Any  # GreedyHeadBuffers
+    attn_dims: Any = None
+    attn_ws: Any = None
+    gdn_dims: Any = None
+    gdn_ws: Any = None
+
+    def activations(self) -> list[torch.Tensor]:
+        """The buffers a step writes before reading (tests poison them)."""
+        return [self.h, self.act, self.logits, *self.proj.values(), *self.mixed.values()]
+
+
+def _tensor(owner: nn.Module, path: str, where: str) -> torch.Tensor:
+    obj: Any = owner
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, torch.Tensor):
+        found = "missing" if obj is None else f"a {type(obj).__name__}, not a tensor"
+        raise ValueError(f"{where}: the fused backend reads `{path}`, which is {found} (renamed or deleted?)")
+    return obj
+
+
+def _layer_plan(i: int, kind: str, block: nn.Module, plan: Callable[..., LinearPlan]) -> LayerPlan:
+    where = f"model.layers[{i}] ({kind} block)"
+
+    def get(path: str) -> torch.Tensor:
+        return _tensor(block, path, where)
+
+    norm = get("mixer_norm.weight")
+    mlp = MlpPlan(plan(get("mlp.gate_up"), get("mlp_norm.weight"), row_blocks=2), plan(get("mlp.down")))
+    if kind == "conv":
+        return ConvLayerPlan(i, plan(get("mixer.in_proj"), norm, row_blocks=3), get("mixer.conv_weight"),
+                             plan(get("mixer.out_proj")), mlp)
+    if kind == "attention":
+        return AttentionLayerPlan(i, plan(get("mixer.wqkv"), norm), get("mixer.q_norm.weight"),
+                                  get("mixer.k_norm.weight"), get("mixer.inv_freq"), plan(get("mixer.wo")), mlp)
+    if kind == "gdn":
+        return GdnLayerPlan(i, plan(get("mixer.in_proj"), norm), get("mixer.conv_weight"), get("mixer.A_log"),
+                            get("mixer.dt_bias"), get("mixer.norm_weight"), plan(get("mixer.out_proj")), mlp)
+    raise TypeError(f"{where}: no fused kernels for a {kind!r} mixer")
+
+
+def _describe(module: nn.Module, out: list) -> list:
+    """(name, storage, in-place version, shape) of every parameter and buffer under ``module``, with
+    the names of the submodules between them (a plain walk: module.named_parameters() is 4x slower)."""
+    for tensors in (module._parameters, module._buffers):
+        out.extend((name, t.data_ptr(), t._version, t.shape) for name, t in tensors.items() if t is not None)
+    for name, child in module._modules.items():
+        if child is not None:
+            out.append(name)
+            _describe(child, out)
+    return out
+
+
+def weights_key(model: nn.Module) -> tuple:
+    """What a plan depends on: the name, storage, in-place version and shape of every tensor of the model.
+
+    Any change means a plan (and the graphs that captured it) may read stale weights: a replaced
+    tensor, a moved or converted model (new storage: the plan keeps the old one alive, so its
+    address cannot come back), a renamed or deleted parameter, an in-place update. Metadata only,
+    no device work: about 0.3 ms for LFM2-350M's 126 tensors. Writes through ``.data`` bypass the
+    version counter and are not seen.
+    """
+    return tuple(_describe(model, []))
+
+
 class FusedDecoder:
     """Triton decode step for a :class:`~labkit.model.HybridLM` over a :class:`~labkit.cache.HybridCache`."""
 
     def __init__(self, model: HybridLM, cache: HybridCache, *, graph: bool = False, pdl: bool = False) -> None:
-        self._attn, self._gdn, self._head, launch, self._lin = _load_ops()
-        cfg = model.cfg
-        if cache.cfg != cfg:
+        self._attn, self._gdn, self._head, self._launch, self._lin = _load_ops()
+        self.model, self.cache, self.cfg = model, cache, model.cfg
+        self.graph, self.pdl = graph, pdl
+        self.plan: StepPlan | None = None
+        self._graphs: dict[bool, Any] = {}
+        self._weights: tuple | None = None
+        self.captures = 0  # how many times the graphs were (re)captured
+        self.refresh()
+
+    # -- construction ------------------------------------------------------------------------------
+    def _check_model(self) -> None:
+        model, cache, device = self.model, self.cache, self.model.device
+        if cache.cfg != model.cfg:
             raise ValueError("the cache was made for another model configuration")
-        if cache.device != model.device or cache.dtype != model.dtype:
-            raise ValueError(f"cache is {cache.dtype} on {cache.device}; the model is {model.dtype} on {model.device}")
-        device = model.device
-        if (graph or pdl) and device.type != "cuda":
+        if cache.device != device or cache.dtype != model.dtype:
+            raise ValueError(f"cache is {cache.dtype} on {cache.device}; the model is {model.dtype} on {device}")
+        if (self.graph or self.pdl) and not GRAPHS.available(device):
             raise RuntimeError(
                 f"the fused+graph backends capture the decode step in a CUDA graph, which needs a CUDA GPU; "
                 f"the model is on {device}. Use backend='fused' to run the same kernels eagerly "
                 "(on a CPU, in Triton's interpreter)"
             )
-        if device.type != "cuda" and not launch.interpreting():
+        if device.type != "cuda" and not self._launch.interpreting():
             raise RuntimeError(
                 f"the fused backend runs Triton kernels, which need a CUDA GPU; for a model on {device}, set "
                 "TRITON_INTERPRET=1 before importing triton (or labkit) to run them in Triton's interpreter"
             )
-        if pdl and torch.cuda.get_device_capability(device)[0] < 9:
+        if self.pdl and torch.cuda.get_device_capability(device)[0] < 9:
             raise RuntimeError("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
-        self.model, self.cache, self.cfg = model, cache, cfg
-        self.graph, self.pdl = graph, pdl
-        self._plan()
-        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
-        if graph:
-            for greedy in (False, True):
-                self._graphs[greedy] = self._capture(greedy)
 
-    # -- construction ------------------------------------------------------------------------------
-    def _plan(self) -> None:
-        model, cfg, cache = self.model, self.cfg, self.cache
-        lin = self._lin
+    def refresh(self) -> bool:
+        """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were
+        made: replaced, modified in place, or moved. True when it rebuilt. Called by every prefill
+        and when ``generate`` reuses the decoder: once per sequence, never per token."""
+        key = weights_key(self.model)
+        if key == self._weights:
+            return False
+        self._check_model()
+        self._weights, self._graphs = None, {}  # an error below leaves nothing stale to replay
+        self.plan = self._make_plan()
+        if self.graph:
+            self._graphs = {greedy: self._capture(greedy) for greedy in (False, True)}
+            self.captures += 1
+        self._weights = key
+        return True
+
+    def _make_plan(self) -> StepPlan:
+        model, cfg, cache, lin = self.model, self.cfg, self.cache, self._lin
         B, H, dt, dev = cache.batch_size, cfg.hidden_size, model.dtype, model.device
-        eps, unit = cfg.norm_eps, cfg.norm_unit_offset
-        self.eps, self.unit = eps, unit
 
         def plan(weight: torch.Tensor, norm: torch.Tensor | None = None, row_blocks: int = 1,
-                 argmax: bool = False) -> _LinearPlan:
+                 argmax: bool = False) -> LinearPlan:
             n, k = weight.shape
             config = tuned_linear_config(B, n // row_blocks, k, row_blocks=row_blocks, argmax=argmax, device=dev)
-            return _LinearPlan(weight, config, norm, row_blocks)
+            return LinearPlan(weight, config, norm, row_blocks)
 
-        self.layers: list[dict[str, Any]] = []
-        for block in model.layers:
-            mixer = block.mixer
-            entry: dict[str, Any] = {"kind": block.kind, "mixer": mixer}
-            if isinstance(mixer, ShortConv):  # in_proj and the conv in one kernel (its epilogue)
-                entry["in"] = plan(mixer.in_proj, block.mixer_norm.weight, row_blocks=3)
-                entry["out"] = plan(mixer.out_proj)
-            elif isinstance(mixer, Attention):
-                entry["in"] = plan(mixer.wqkv, block.mixer_norm.weight)
-                entry["out"] = plan(mixer.wo)
-            elif isinstance(mixer, GatedDeltaNet):
-                entry["in"] = plan(mixer.in_proj, block.mixer_norm.weight)
-                entry["out"] = plan(mixer.out_proj)
-            else:  # pragma: no cover
-                raise TypeError(f"no fused kernel for mixer {type(mixer).__name__}")
-            entry["gate_up"] = plan(block.mlp.gate_up, block.mlp_norm.weight, row_blocks=2)
-            entry["down"] = plan(block.mlp.down)
-            self.layers.append(entry)
-        self.head = plan(model.lm_head_weight, model.final_norm.weight)
-        self.greedy = plan(model.lm_head_weight, model.final_norm.weight, argmax=True)
+        layers = [_layer_plan(i, kind, block, plan) for i, (kind, block) in enumerate(zip(cfg.layer_types, model.layers))]
+        embed = _tensor(model, "embed.weight", "model")
+        final_norm = _tensor(model, "final_norm.weight", "model")
+        lm_head = embed if cfg.tie_embeddings else _tensor(model, "lm_head", "model")
+        head, greedy = plan(lm_head, final_norm), plan(lm_head, final_norm, argmax=True)
 
-        # static buffers: one per distinct shape, reused by every layer
-        self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
-        self.h = torch.empty(B, H, dtype=dt, device=dev)
-        self.act = torch.empty(B, cfg.intermediate_size, dtype=dt, device=dev)
-        self.logits = torch.empty(B, cfg.vocab_size, dtype=dt, device=dev)
-        self.next_tokens = torch.empty(B, dtype=torch.long, device=dev)
-        self.proj: dict[str, torch.Tensor] = {}
-        self.mixed: dict[str, torch.Tensor] = {}
-        for entry in self.layers:
-            kind = entry["kind"]
-            if kind not in self.mixed:
-                if kind != "conv":  # the conv layers' projection never leaves its kernel
-                    self.proj[kind] = torch.empty(B, entry["in"].weight.shape[0], dtype=dt, device=dev)
-                self.mixed[kind] = torch.empty(B, entry["out"].weight.shape[1], dtype=dt, device=dev)
+        proj: dict[str, torch.Tensor] = {}
+        mixed: dict[str, torch.Tensor] = {}
+        for layer in layers:
+            kind = cfg.layer_types[layer.index]
+            if kind not in mixed:
+                mixed[kind] = torch.empty(B, layer.out_proj.weight.shape[1], dtype=dt, device=dev)
+                if not isinstance(layer, ConvLayerPlan):
+                    proj[kind] = torch.empty(B, layer.in_proj.weight.shape[0], dtype=dt, device=dev)
 
         need_p = need_c = 0
-        for p in [self.head, self.greedy] + [e[name] for e in self.layers for name in ("in", "out", "gate_up", "down")]:
+        for p in [head, greedy, *(q for x in layers for q in (x.in_proj, x.out_proj, x.mlp.gate_up, x.mlp.down))]:
             np_, nc = lin.LinearWorkspace.needed(B, p.outputs, p.config, p.row_blocks)
             need_p, need_c = max(need_p, np_), max(need_c, nc)
-        self.linear_ws = lin.LinearWorkspace.allocate(need_p, need_c, dev)
-        self.head_buffers = self._head.GreedyHeadBuffers.allocate(B, cfg.vocab_size, self.greedy.config, dev)
 
+        step = StepPlan(
+            embed=embed, layers=layers, head=head, greedy=greedy, eps=cfg.norm_eps, unit_offset=cfg.norm_unit_offset,
+            tokens=torch.zeros(B, dtype=torch.long, device=dev),
+            h=torch.empty(B, H, dtype=dt, device=dev),
+            act=torch.empty(B, cfg.intermediate_size, dtype=dt, device=dev),
+            logits=torch.empty(B, cfg.vocab_size, dtype=dt, device=dev),
+            next_tokens=torch.empty(B, dtype=torch.long, device=dev),
+            proj=proj, mixed=mixed,
+            linear_ws=lin.LinearWorkspace.allocate(need_p, need_c, dev),
+            head_buffers=self._head.GreedyHeadBuffers.allocate(B, cfg.vocab_size, greedy.config, dev),
+        )
         if "attention" in cfg.layer_types:
-            self.attn_dims = self._attn.AttentionDims(
-                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim, cfg.attn_output_gate
-            )
+            step.attn_dims = attention_dims(cfg)
             chunk, _ = self._attn.attention_chunk(cache.max_len, cfg.head_dim)
-            n_splits = -(-cache.max_len // chunk)
-            self.attn_ws = self._attn.AttentionWorkspace.allocate(B, self.attn_dims, n_splits, dev)
+            step.attn_ws = self._attn.AttentionWorkspace.allocate(B, step.attn_dims, -(-cache.max_len // chunk), dev)
         if "gdn" in cfg.layer_types:
-            self.gdn_dims = self._gdn.GdnDims(
-                cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim
-            )
-            self.gdn_ws = self._gdn.GdnWorkspace.allocate(B, self.gdn_dims, dev)
+            step.gdn_dims = gdn_dims(cfg)
+            step.gdn_ws = self._gdn.GdnWorkspace.allocate(B, step.gdn_dims, dev)
+        return step
 
     # -- one step ----------------------------------------------------------------------------------
-    def _linear(self, p: _LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None = None,
+    def _linear(self, plan: StepPlan, p: LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, short_conv: tuple | None = None) -> None:
         self._lin.linear(
-            x, p.weight, out=out, residual=residual, norm_weight=p.norm_weight, norm_eps=self.eps,
-            norm_unit_offset=self.unit, swiglu=p.row_blocks == 2, short_conv=short_conv, config=p.config,
-            workspace=self.linear_ws, pdl=self.pdl,
+            x, p.weight, out=out, residual=residual, norm_weight=p.norm_weight, norm_eps=plan.eps,
+            norm_unit_offset=plan.unit_offset, swiglu=p.row_blocks == 2, short_conv=short_conv, config=p.config,
+            workspace=plan.linear_ws, pdl=self.pdl,
         )
 
-    def _forward(self, greedy: bool) -> None:
-        """Launch one decode step for ``self.tokens``; ``cache.lengths`` is not advanced here."""
-        cache, h, pdl = self.cache, self.h, self.pdl
-        torch.index_select(self.model.embed.weight, 0, self.tokens, out=h)
-        for i, entry in enumerate(self.layers):
-            kind, mixer = entry["kind"], entry["mixer"]
-            mixed = self.mixed[kind]
-            if kind == "conv":
-                self._linear(entry["in"], h, out=mixed, short_conv=(cache.conv_states[i], mixer.conv_weight))
-            elif kind == "attention":
-                proj = self.proj[kind]
-                self._linear(entry["in"], h, out=proj)
+    def _forward(self, plan: StepPlan, greedy: bool) -> None:
+        """Launch one decode step for ``plan.tokens``; ``cache.lengths`` is not advanced here."""
+        cache, h, pdl = self.cache, plan.h, self.pdl
+        torch.index_select(plan.embed, 0, plan.tokens, out=h)
+        for layer in plan.layers:
+            i = layer.index
+            if isinstance(layer, ConvLayerPlan):
+                mixed = plan.mixed["conv"]
+                self._linear(plan, layer.in_proj, h, out=mixed, short_conv=(cache.conv_states[i], layer.conv_weight))
+            elif isinstance(layer, AttentionLayerPlan):
+                proj, mixed = plan.proj["attention"], plan.mixed["attention"]
+                self._linear(plan, layer.in_proj, h, out=proj)
                 self._attn.attention_decode(
-                    proj, mixer.q_norm.weight, mixer.k_norm.weight, mixer.inv_freq, cache.keys[i], cache.values[i],
-                    cache.lengths, self.attn_dims, self.eps, self.unit, out=mixed, workspace=self.attn_ws, pdl=pdl,
+                    proj, layer.q_norm, layer.k_norm, layer.inv_freq, cache.keys[i], cache.values[i], cache.lengths,
+                    plan.attn_dims, plan.eps, plan.unit_offset, out=mixed, workspace=plan.attn_ws, pdl=pdl,
                 )
             else:
-                proj = self.proj[kind]
-                self._linear(entry["in"], h, out=proj)
+                proj, mixed = plan.proj["gdn"], plan.mixed["gdn"]
+                self._linear(plan, layer.in_proj, h, out=proj)
                 self._gdn.gdn_decode(
-                    proj, cache.conv_states[i], mixer.conv_weight, mixer.A_log, mixer.dt_bias, mixer.norm_weight,
-                    cache.recurrent_states[i], self.gdn_dims, self.eps, out=mixed, workspace=self.gdn_ws, pdl=pdl,
+                    proj, cache.conv_states[i], layer.conv_weight, layer.A_log, layer.dt_bias, layer.norm_weight,
+                    cache.recurrent_states[i], plan.gdn_dims, plan.eps, out=mixed, workspace=plan.gdn_ws, pdl=pdl,
                 )
-            self._linear(entry["out"], mixed, residual=h)
-            self._linear(entry["gate_up"], h, out=self.act)
-            self._linear(entry["down"], self.act, residual=h)
+            self._linear(plan, layer.out_proj, mixed, residual=h)
+            self._linear(plan, layer.mlp.gate_up, h, out=plan.act)
+            self._linear(plan, layer.mlp.down, plan.act, residual=h)
         if greedy:
             self._head.greedy_head(
-                h, self.greedy.weight, norm_weight=self.greedy.norm_weight, norm_eps=self.eps,
-                norm_unit_offset=self.unit, tokens_out=self.next_tokens, config=self.greedy.config,
-                buffers=self.head_buffers, workspace=self.linear_ws, pdl=pdl,
+                h, plan.greedy.weight, norm_weight=plan.greedy.norm_weight, norm_eps=plan.eps,
+                norm_unit_offset=plan.unit_offset, tokens_out=plan.next_tokens, config=plan.greedy.config,
+                buffers=plan.head_buffers, workspace=plan.linear_ws, pdl=pdl,
             )
         else:
-            self._linear(self.head, h, out=self.logits)
+            self._linear(plan, plan.head, h, out=plan.logits)
 
     @torch.no_grad()
-    def _capture(self, greedy: bool) -> torch.cuda.CUDAGraph:
-        """Capture one step (with the device-side length increment) in a CUDA graph.
+    def _capture(self, greedy: bool) -> Any:
+        """Capture one step (with the device-side length increment) in a graph.
 
         Kernels compile and load on a first eager run outside the capture; that run shifts the conv
         and recurrent states, so they are saved and put back (the k/v it writes at position
-        ``lengths`` are rewritten by the next real step).
+        ``lengths`` are rewritten by the next real step). The graph binds this plan's tensors.
         """
-        cache = self.cache
+        cache, plan, device = self.cache, self.plan, self.model.device
+
+        def step() -> None:
+            self._forward(plan, greedy)
+
+        def step_and_advance() -> None:
+            self._forward(plan, greedy)
+            cache.lengths.add_(1)
+
         states = [*cache.conv_states.values(), *cache.recurrent_states.values()]
         saved = [s.clone() for s in states]
-        side = torch.cuda.Stream(device=self.model.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward(greedy)
-        torch.cuda.current_stream().wait_stream(side)
+        GRAPHS.warm_up(step, device)
         for s, copy in zip(states, saved):
             s.copy_(copy)
         del saved
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._forward(greedy)
-            cache.lengths.add_(1)
-        torch.cuda.synchronize(self.model.device)
-        return graph
+        return GRAPHS.capture(step_and_advance, device)
 
     def _run(self, tokens: torch.Tensor, greedy: bool) -> None:
-        cache = self.cache
+        cache, plan = self.cache, self.plan
         B = cache.batch_size
         if not isinstance(tokens, torch.Tensor) or tokens.shape != (B,):
             raise ValueError(f"tokens must be a [{B}] tensor (one per sequence), got {getattr(tokens, 'shape', tokens)!r}")
         if tokens.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"tokens must be int64 or int32, got {tokens.dtype}")
         cache.check_room(B, 1)
-        self.tokens.copy_(tokens)
+        plan.tokens.copy_(tokens)
         if self.graph:
             self._graphs[greedy].replay()
-            cache.advance_host(1)
+            cache.advance_host(1)  # the graph advanced the device lengths
         else:
-            self._forward(greedy)
+            self._forward(plan, greedy)
             cache.advance(1)
 
     # -- Decoder protocol ----------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.refresh()
         return self.model(input_ids, cache=self.cache, last_only=True)[:, -1]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, vocab] after ``tokens`` [B]; the buffer is overwritten by the next step."""
         self._run(tokens, greedy=False)
-        return self.logits
+        return self.plan.logits
 
     @torch.no_grad()
     def step_greedy(self, tokens: torch.Tensor) -> torch.Tensor:
         """The argmax tokens [B] after ``tokens`` [B], without writing logits; overwritten next step."""
         self._run(tokens, greedy=True)
-        return self.next_tokens
+        return self.plan.next_tokens
 
 
 def fused_decoder(model: HybridLM, cache: HybridCache, *, graph: bool = False, pdl: bool = False) -> FusedDecoder:
     """A FusedDecoder for (model, cache), reused while the cache lives: captured graphs stay valid
-    because the cache never moves its buffers (``cache.reset()`` zeroes them in place)."""
+    because the cache never moves its buffers (``cache.reset()`` zeroes them in place), and they are
+    recaptured if the model's tensors changed (:meth:`FusedDecoder.refresh`)."""
     key = ("labkit.fused", id(model), graph, pdl)
     decoder = cache.attachments.get(key)
-    if not isinstance(decoder, FusedDecoder) or decoder.model is not model:
-        decoder = FusedDecoder(model, cache, graph=graph, pdl=pdl)
-        cache.attachments[key] = decoder
+    if isinstance(decoder, FusedDecoder) and decoder.model is model:
+        decoder.refresh()
+        return decoder
+    decoder = FusedDecoder(model, cache, graph=graph, pdl=pdl)
+    cache.attachments[key] = decoder
     return decoder
 
 
-register("fused", lambda model, cache: fused_decoder(model, cache))
-register("fused+graph", lambda model, cache: fused_decoder(model, cache, graph=True))
-register("fused+graph+pdl", lambda model, cache: fused_decoder(model, cache, graph=True, pdl=True))
+register("fused", lambda model, cache: fused_decoder(model, cache), pooled=True)
+register("fused+graph", lambda model, cache: fused_decoder(model, cache, graph=True), pooled=True)
+register("fused+graph+pdl", lambda model, cache: fused_decoder(model, cache, graph=True, pdl=True), pooled=True)

@@ -8,7 +8,7 @@ from typing import Iterable
 
 import torch
 
-from .backends import make_decoder
+from .backends import make_decoder, pooled_decoder
 from .cache import HybridCache
 from .model import HybridLM
 from .sampling import SamplingParams, sample
@@ -18,6 +18,10 @@ from .sampling import SamplingParams, sample
 class GenerationResult:
     tokens: torch.Tensor  # [B, new] generated ids (after a stop token: the pad id)
     prompt_len: int
+    # wall time to get the decoder ready, device synchronised: the cache (made, or reset), the
+    # decoder (made, or fetched and checked against the weights) and, when made or when the weights
+    # changed, compiling and capturing its graphs. Near zero when generate reuses a pooled decoder.
+    setup_s: float
     prefill_s: float  # wall time of the prefill, device synchronised
     decode_s: float  # wall time of the decode steps after the first token
     steps: int  # decode steps timed in decode_s
@@ -27,6 +31,17 @@ class GenerationResult:
     def decode_tokens_per_s(self) -> float:
         """Generated tokens per second, all sequences counted, over the timed decode steps."""
         return self.tokens.shape[0] * self.steps / self.decode_s if self.decode_s > 0 else float("nan")
+
+    @property
+    def wall_s(self) -> float:
+        """The whole call as a caller waits for it: set-up, prefill and decode."""
+        return self.setup_s + self.prefill_s + self.decode_s
+
+    @property
+    def wall_tokens_per_s(self) -> float:
+        """Generated tokens per second, all sequences counted, over :attr:`wall_s` (set-up included:
+        what a single call really delivers, where ``decode_tokens_per_s`` is the steady state)."""
+        return self.tokens.numel() / self.wall_s if self.wall_s > 0 else float("nan")
 
     @property
     def new_tokens(self) -> int:
@@ -59,9 +74,13 @@ def generate(
     Greedy by default; with ``temperature > 0`` samples, optionally restricted to the ``top_k``
     tokens or the ``top_p`` nucleus, reproducibly for a given ``seed``. Generation stops early
     when every sequence has produced one of ``stop_tokens``; later positions of a stopped
-    sequence hold ``pad_token_id`` (the first stop token by default). A cache is made when none is
-    given (just large enough); a given one is reset first. ``progress`` shows a bar (default: on
-    for runs of 256 tokens or more).
+    sequence hold ``pad_token_id`` (the first stop token by default). ``progress`` shows a bar
+    (default: on for runs of 256 tokens or more).
+
+    Without a ``cache``, the backends that are slow to set up (the fused ones: kernels, graphs)
+    keep their decoder and a cache on the model and reuse them in later calls with the same batch
+    and cache bucket (:func:`labkit.backends.pooled_decoder`); others get a fresh cache, just large
+    enough. A given cache is reset first, and a decoder attached to it is reused.
     """
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
@@ -76,12 +95,16 @@ def generate(
         raise ValueError(f"stop tokens must be in [0, {model.cfg.vocab_size})")
     pad = pad_token_id if pad_token_id is not None else (stop_tokens[0] if stop_tokens else 0)
 
+    _sync(model.device)
+    t_setup = time.perf_counter()
     if cache is None:
-        cache = model.new_cache(batch_size=B, max_len=T + max_new_tokens)
+        decoder, cache = pooled_decoder(backend, model, B, T + max_new_tokens)
     else:
         cache.reset()
-    cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
-    decoder = make_decoder(backend, model, cache)
+        cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
+        decoder = make_decoder(backend, model, cache)
+    _sync(model.device)
+    setup_s = time.perf_counter() - t_setup
     greedy_step = getattr(decoder, "step_greedy", None) if params.greedy else None
     generator = None
     if not params.greedy:
@@ -126,6 +149,7 @@ def generate(
     return GenerationResult(
         tokens=out[:, :n],
         prompt_len=T,
+        setup_s=setup_s,
         prefill_s=prefill_s,
         decode_s=decode_s,
         steps=n - 1,

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import HybridCache
+from .cache import Attachments, HybridCache
 from .config import ModelConfig
 from .ops.mixers import AttentionDims, GdnDims, attention_ref, gated_deltanet_ref, short_conv_ref
 from .ops.norm import rms_norm_ref
@@ -179,6 +179,9 @@ class HybridLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        # What other modules build around these weights and reuse across calls (generate's pooled
+        # decoders and caches, with their captured graphs; see labkit.backends.pooled_decoder).
+        self.attachments = Attachments()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

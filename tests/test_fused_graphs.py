@@ -1,0 +1,171 @@
+"""The graph backends' own code paths, on a CPU: capture, replay, reuse across generate calls, and
+recapture when the weights change.
+
+CUDA graphs need a GPU, so ``labkit.fused.GRAPHS`` (the one seam) is replaced by a stand-in whose
+capture records the step without running it and whose replay re-runs it. Like a real graph, a
+recording binds the plan it was made with: replaying it after a parameter was replaced would read
+the old tensor, so a missing recapture shows up as wrong tokens. Without the stand-in the graph
+backends still refuse a CPU model (test_fused_backend.py checks the message).
+"""
+
+import pytest
+import torch
+from torch import nn
+
+import labkit
+from conftest import rel_err
+from labkit import fused
+from labkit.backends import make_decoder, release_pooled
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
+
+
+class RecordedStep:
+    def __init__(self, step, owner):
+        self.step, self.owner = step, owner
+
+    def replay(self):
+        self.owner.replays += 1
+        self.step()
+
+
+class RecordingGraphs:
+    """Stand-in for CUDA graphs: capture records the step (without running it), replay re-runs it."""
+
+    def __init__(self):
+        self.warm_ups = self.captures = self.replays = 0
+
+    def available(self, device):
+        return True
+
+    def warm_up(self, step, device):
+        self.warm_ups += 1
+        step()
+
+    def capture(self, step, device):
+        self.captures += 1
+        return RecordedStep(step, self)
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    stand_in = RecordingGraphs()
+    monkeypatch.setattr(fused, "GRAPHS", stand_in)
+    return stand_in
+
+
+def _prompt(model, batch, length, seed=0):
+    return torch.randint(0, model.cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("preset,batch", [("tiny-lfm2", 3), ("tiny-qwen3.5", 1)])  # interpreted GDN is slow
+def test_replayed_steps_match_eager_and_reference(preset, batch, graphs):
+    model = labkit.build(preset, dtype=torch.float32, seed=3)
+    prompt = _prompt(model, batch, 5)
+    ref = make_decoder("reference", model, model.new_cache(batch, max_len=12))
+    eager = make_decoder("fused", model, model.new_cache(batch, max_len=12))
+    graph = make_decoder("fused+graph", model, model.new_cache(batch, max_len=12))
+    assert (graphs.captures, graphs.warm_ups) == (2, 2)  # logits and greedy steps, at construction
+    for buf in graph.plan.activations():
+        buf.fill_(float("nan"))
+    token = ref.prefill(prompt).argmax(-1)
+    eager.prefill(prompt)
+    graph.prefill(prompt)
+    for step in range(4):
+        want = ref.step(token)
+        if step % 2:
+            got = graph.step_greedy(token)
+            assert torch.equal(got, want.argmax(-1)), step
+            eager.step_greedy(token)
+        else:
+            got = graph.step(token)
+            assert torch.equal(got, eager.step(token)), step  # the same launches, replayed
+            assert rel_err(got, want) < 1e-4, step
+        token = want.argmax(-1)
+    assert graphs.replays == 4 and graphs.captures == 2
+    # the captured step advances the device lengths itself; the host mirror follows (advance_host)
+    assert graph.cache.host_lengths == ref.cache.host_lengths == (9,) * batch
+    assert graph.cache.lengths.tolist() == [9] * batch
+    # the warm-up run before capture left no trace in the states
+    for i in ref.cache.conv_states:
+        assert rel_err(graph.cache.conv_states[i], ref.cache.conv_states[i]) < 1e-5
+    for i in ref.cache.recurrent_states:
+        assert rel_err(graph.cache.recurrent_states[i], ref.cache.recurrent_states[i]) < 1e-5
+
+
+def test_generate_captures_once_for_calls_of_the_same_shape(graphs):
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=1)
+    prompt = _prompt(model, 2, 5)
+    want = labkit.generate(model, prompt, 4).tokens
+    first = labkit.generate(model, prompt, 4, backend="fused+graph")
+    again = labkit.generate(model, prompt, 4, backend="fused+graph")
+    assert torch.equal(first.tokens, want) and torch.equal(again.tokens, want)
+    assert graphs.captures == 2  # one logits graph, one greedy graph, for both calls
+    assert graphs.replays == 2 * 3
+    assert again.wall_s == again.setup_s + again.prefill_s + again.decode_s
+    assert again.wall_tokens_per_s == pytest.approx(again.tokens.numel() / again.wall_s)
+    # a longer prompt in the same cache bucket shares the graphs; another batch size does not
+    longer = _prompt(model, 2, 9, seed=1)
+    assert torch.equal(labkit.generate(model, longer, 3, backend="fused+graph").tokens,
+                       labkit.generate(model, longer, 3).tokens)
+    assert graphs.captures == 2
+    labkit.generate(model, prompt[:1], 2, backend="fused+graph")
+    assert graphs.captures == 4
+    release_pooled(model)
+    labkit.generate(model, prompt, 2, backend="fused+graph")
+    assert graphs.captures == 6
+
+
+def _modify_by_replacing(model):
+    block = model.layers[-1]
+    block.mlp.down = nn.Parameter(-2.0 * block.mlp.down.detach(), requires_grad=False)
+
+
+def _modify_in_place(model):
+    model.layers[-1].mlp.down.mul_(-2.0)
+
+
+@pytest.mark.parametrize("modify", [_modify_by_replacing, _modify_in_place], ids=["replaced", "in-place"])
+def test_changed_weights_are_recaptured(modify, graphs):
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=2)
+    prompt = _prompt(model, 2, 5)
+    before = labkit.generate(model, prompt, 4, backend="fused+graph").tokens
+    assert torch.equal(before, labkit.generate(model, prompt, 4).tokens)
+    assert graphs.captures == 2
+    modify(model)
+    want = labkit.generate(model, prompt, 4).tokens
+    assert not torch.equal(want, before)  # the change matters, so stale weights would show
+    got = labkit.generate(model, prompt, 4, backend="fused+graph")
+    assert graphs.captures == 4
+    assert torch.equal(got.tokens, want)
+
+
+def test_a_decoder_kept_with_a_cache_checks_the_weights_at_prefill(graphs):
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=2)
+    prompt = _prompt(model, 1, 5)
+    cache = model.new_cache(1, max_len=12)
+    decoder = make_decoder("fused+graph", model, cache)
+    _modify_by_replacing(model)
+    want = labkit.generate(model, prompt, 4).tokens
+    cache.reset()
+    token = decoder.prefill(prompt).argmax(-1)  # notices the new parameter, recaptures
+    assert graphs.captures == 4
+    got = [token]
+    for _ in range(3):
+        got.append(decoder.step_greedy(got[-1]).clone())
+    assert torch.equal(torch.stack(got, 1), want)
+
+
+def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
+    model = labkit.build("tiny-lfm2", dtype=torch.bfloat16, seed=0)
+    prompt = _prompt(model, 1, 4)
+    cache = model.new_cache(1, max_len=8)
+    labkit.generate(model, prompt, 2, backend="fused+graph")  # pooled
+    labkit.generate(model, prompt, 2, backend="fused+graph", cache=cache)  # kept with the caller's cache
+    model.float()
+    with pytest.raises(ValueError, match="cache is torch.bfloat16 on cpu; the model is torch.float32"):
+        labkit.generate(model, prompt, 2, backend="fused+graph", cache=cache)
+    out = labkit.generate(model, prompt, 3, backend="fused+graph")  # a new pooled entry, in float32
+    assert torch.equal(out.tokens, labkit.generate(model, prompt, 3).tokens)
+    pool = model.attachments["labkit.decoder_pool"]
+    assert [key[-1] for key in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
