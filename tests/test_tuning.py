@@ -126,8 +126,8 @@ def test_the_fused_backend_launches_the_tables_configs(monkeypatch):
     table = {tuning_key(1, H, I): down}
     monkeypatch.setattr(tuning, "device_table", lambda device=None, directory=None: table)
     decoder = labkit.fused.FusedDecoder(model, model.new_cache(1, 8))
-    assert all(entry["down"].config is down for entry in decoder.layers)
-    assert decoder.layers[0]["gate_up"].config == linear_mod.linear_config(1, I, H, row_blocks=2)
+    assert all(layer.mlp.down.config is down for layer in decoder.plan.layers)
+    assert decoder.plan.layers[0].mlp.gate_up.config == linear_mod.linear_config(1, I, H, row_blocks=2)
 
 
 def test_candidates_are_valid_blockings_at_real_shapes():

@@ -9,8 +9,8 @@ measured step time; "% of roofline" compares tokens/s with bytes / measured copy
 
 As a user sees it (:func:`wall_clock_generate`): ``labkit.generate`` called 1 or N times in a row,
 timed by the host clock from the call to the synchronised result, so each call's set-up (cache,
-decoder, CUDA-graph capture) and prefill count. Triton's compilation does not: the steady-state
-runs before it have compiled every kernel.
+decoder, CUDA-graph capture: in the first call, later ones reuse them) and prefill count. Triton's
+compilation does not: the steady-state runs before it have compiled every kernel.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..backends import make_decoder
+from ..backends import make_decoder, release_pooled
 from ..hw import DeviceFacts
 from ..model import HybridLM
 from ..roofline import step_cost
@@ -185,26 +185,25 @@ def _sync(device: torch.device) -> None:
 @torch.no_grad()
 def wall_clock_generate(model: HybridLM, backend: str, ids: torch.Tensor, new_tokens: int, calls: int = 1) -> dict:
     """``labkit.generate(model, ids, new_tokens, backend=backend)`` called ``calls`` times in a row,
-    timed as a user sees it: host clock, each call's set-up (a new cache and decoder, CUDA-graph
-    capture for the graph backends) and prefill included. ``setup_s`` is the median set-up time
-    that ``generate`` reports, where its result has that field (None otherwise)."""
+    timed as a user sees it: host clock, each call's set-up and prefill included (the fused backends
+    make their cache, decoder and CUDA graphs in the first call and reuse them in the next ones, see
+    ``labkit.backends.pooled_decoder``; the first call starts without them, as in a fresh process).
+    ``setup_s`` is the median set-up time ``generate`` reports."""
     from ..generate import generate
 
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
+    release_pooled(model)
     setups = []
     _sync(model.device)
     t0 = time.perf_counter()
     for _ in range(calls):
-        out = generate(model, ids, new_tokens, backend=backend, progress=False)
-        setup_s = getattr(out, "setup_s", None)  # a field of GenerationResult in newer labkit
-        if setup_s is not None:
-            setups.append(setup_s)
+        setups.append(generate(model, ids, new_tokens, backend=backend, progress=False).setup_s)
     _sync(model.device)
     seconds = time.perf_counter() - t0
     tokens = calls * ids.shape[0] * new_tokens
     return {"calls": calls, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "setup_s": statistics.median(setups) if setups else None}
+            "setup_s": statistics.median(setups)}
 
 
 @torch.no_grad()
