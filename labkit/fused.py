@@ -266,8 +266,8 @@ class FusedDecoder:
         key = weights_key(self.model)
         if key == self._weights:
             return False
+        self._weights, self._graphs, self.plan = None, {}, None  # if this fails, nothing stale is left
         self._check_model()
-        self._weights, self._graphs = None, {}  # an error below leaves nothing stale to replay
         self.plan = self._make_plan()
         if self.graph:
             self._graphs = {greedy: self._capture(greedy) for greedy in (False, True)}
@@ -396,6 +396,9 @@ class FusedDecoder:
 
     def _run(self, tokens: torch.Tensor, greedy: bool) -> None:
         cache, plan = self.cache, self.plan
+        if plan is None or self._weights is None:
+            raise RuntimeError("this decoder has no valid plan: rebuilding it for the model's current weights "
+                               "failed (see that error); fix the model, then prefill again")
         B = cache.batch_size
         if not isinstance(tokens, torch.Tensor) or tokens.shape != (B,):
             raise ValueError(f"tokens must be a [{B}] tensor (one per sequence), got {getattr(tokens, 'shape', tokens)!r}")

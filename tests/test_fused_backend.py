@@ -125,6 +125,8 @@ def test_a_missing_parameter_fails_the_plan_naming_layer_and_attribute(preset, k
         make_decoder("fused", model, model.new_cache(1, max_len=8))
     with pytest.raises(ValueError, match=message):
         made_before.prefill(torch.zeros(1, 3, dtype=torch.long, device=device))
+    with pytest.raises(RuntimeError, match="no valid plan"):  # nothing stale is stepped either
+        made_before.step(torch.zeros(1, dtype=torch.long, device=device))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error message")
