@@ -102,8 +102,10 @@ def test_generate_captures_once_for_calls_of_the_same_shape(graphs):
     assert torch.equal(first.tokens, want) and torch.equal(again.tokens, want)
     assert graphs.captures == 2  # one logits graph, one greedy graph, for both calls
     assert graphs.replays == 2 * 3
-    assert again.wall_s == again.setup_s + again.prefill_s + again.decode_s
-    assert again.wall_tokens_per_s == pytest.approx(again.tokens.numel() / again.wall_s)
+    # the first call's set-up ran the interpreted step (warm-up before capture); the second only checked the weights
+    assert again.setup_s < first.setup_s / 10, (first.setup_s, again.setup_s)
+    wall = again.setup_s + again.prefill_s + again.decode_s
+    assert again.wall_tokens_per_s == pytest.approx(again.tokens.numel() / wall)
     # a longer prompt in the same cache bucket shares the graphs; another batch size does not
     longer = _prompt(model, 2, 9, seed=1)
     assert torch.equal(labkit.generate(model, longer, 3, backend="fused+graph").tokens,
