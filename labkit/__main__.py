@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] in ("serve-batch", "allreduce"):  # torchrun jobs, their own parsers: labkit serve-batch --help
+        from .distributed.cli import main as distributed_main
+
+        return distributed_main(argv)
     if argv and argv[0] == "train-tiny":  # its own parser: python -m labkit train-tiny --family ...
         from .train import main as train_main
 
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     nb.add_argument("--log-output", action="store_true", help="stream the cells' output while they run")
     nb.set_defaults(func=_notebooks)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,hw,table} --help")
+    sub.add_parser("serve-batch", help="replicas on N GPUs (torchrun): python -m labkit serve-batch --help")
+    sub.add_parser("allreduce", help="all-reduce latency at decode sizes (torchrun): python -m labkit allreduce --help")
     sub.add_parser("train-tiny", help="train a small byte-level model: python -m labkit train-tiny --help")
 
     args = parser.parse_args(argv)
