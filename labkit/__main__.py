@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return importlib.import_module(own_parsers[argv[0]]).main(argv[1:])
+    if argv and argv[0] in ("serve-batch", "allreduce"):  # torchrun jobs: the rank's argv keeps the command
+        from .distributed.cli import main as distributed_main
+
+        return distributed_main(argv)
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,ops,hw,table} --help")
     sub.add_parser("tune", help="sweep the linear kernels' blockings on this GPU into data/tuning/<gpu>.json")
     sub.add_parser("compile-check", help="compile every fused-step kernel for a GPU target, without a GPU")
+    sub.add_parser("serve-batch", help="replicas on N GPUs (torchrun): python -m labkit serve-batch --help")
+    sub.add_parser("allreduce", help="all-reduce latency at decode sizes (torchrun): python -m labkit allreduce --help")
     sub.add_parser("train-tiny", help="train a small byte-level model: python -m labkit train-tiny --help")
 
     args = parser.parse_args(argv)
