@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig
-from ..hw import Stopwatch
+from ..timing import measure
 from .runtime import Rank
 
 
@@ -80,14 +80,12 @@ def time_eager(rank: Rank, numel: int, dtype: torch.dtype, iters: int, repeats: 
     _check_sum(rank, numel, dtype, dist.all_reduce)
     for _ in range(3):
         dist.all_reduce(x)
-    runs = []
-    for _ in range(repeats):
-        rank.barrier()
-        with Stopwatch(rank.device) as sw:
-            for _ in range(iters):
-                dist.all_reduce(x)
-        runs.append(sw.ms * 1e3 / iters)
-    return runs
+    def issue() -> None:
+        for _ in range(iters):
+            dist.all_reduce(x)
+
+    timing = measure(issue, device=rank.device, graph=False, warmup=0, repeats=repeats, setup=rank.barrier)
+    return [ms * 1e3 / iters for ms in timing.runs_ms]
 
 
 def time_graph(rank: Rank, numel: int, dtype: torch.dtype, iters: int, repeats: int, group) -> list[float]:
@@ -118,13 +116,8 @@ def time_graph(rank: Rank, numel: int, dtype: torch.dtype, iters: int, repeats: 
     _check_sum(rank, numel, dtype, replayed)
     for _ in range(3):
         graph.replay()
-    runs = []
-    for _ in range(repeats):
-        rank.barrier()
-        with Stopwatch(rank.device) as sw:
-            graph.replay()
-        runs.append(sw.ms * 1e3 / iters)
-    return runs
+    timing = measure(graph.replay, device=rank.device, graph=False, warmup=0, repeats=repeats, setup=rank.barrier)
+    return [ms * 1e3 / iters for ms in timing.runs_ms]
 
 
 def allreduce_job(rank: Rank, args, command: str) -> tuple[dict[str, Any], list[AllReduceRow]] | None:
