@@ -98,6 +98,28 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
+def compile_only(arch: int) -> bool:
+    """Make every Triton launch in this process compile for ``arch`` and stop there (nothing runs).
+
+    False, with the reason printed, when this process already runs Triton's interpreter.
+    """
+    if "triton" not in sys.modules:
+        os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
+    import triton
+    from triton.runtime import driver
+    from triton.runtime import jit as triton_jit
+
+    if triton.knobs.runtime.interpret:
+        print("compile-check needs Triton's compiler, but this process runs its interpreter "
+              "(TRITON_INTERPRET=1 before triton was imported): run it in a fresh process")
+        return False
+    from labkit.ops.launch import NOMINAL_SMS
+
+    driver.set_active(_CompileOnlyDriver(arch, NOMINAL_SMS))
+    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="labkit compile-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,15 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "e.g. 'NVIDIA H200'; default: the heuristic's")
     args = parser.parse_args(argv)
 
-    if "triton" not in sys.modules:
-        os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, not the interpreter
-    import triton
-    from triton.runtime import driver
-    from triton.runtime import jit as triton_jit
-
-    if triton.knobs.runtime.interpret:
-        print("compile-check needs Triton's compiler, but this process runs its interpreter "
-              "(TRITON_INTERPRET=1 before triton was imported): run it in a fresh process")
+    if not compile_only(args.arch):
         return 2
 
     import labkit
@@ -124,8 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     from labkit.fused import FusedDecoder
     from labkit.ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
 
-    driver.set_active(_CompileOnlyDriver(args.arch, launch.NOMINAL_SMS))
-    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run)
     if args.gpu:  # the CPU stands in for that GPU when the fused backend looks up its blockings
         table = tuning.linear_table(tuning.tuning_path(args.gpu))
         tuning.device_table = lambda device=None, directory=None: table
