@@ -10,6 +10,9 @@ prompt fills must be written, the positions past it must not be.
 """
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,3 +128,19 @@ def test_causal_attention_is_the_masked_one_for_prompts_from_position_zero():
     with pytest.raises(ValueError, match="exactly the T = 37 new tokens"):
         attend_causal(q, torch.cat([keys, keys], 2), torch.cat([values, values], 2), positions,
                       torch.arange(2 * T).expand(B, -1))
+
+
+def test_the_reference_backend_needs_no_triton():
+    """The Triton kernels load only with a fused backend: without triton, labkit imports and the
+    reference prefills a Gated DeltaNet model (chunked form included) and decodes."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, labkit\n"
+        "m = labkit.build('tiny-qwen3.5', dtype=torch.float32)\n"
+        "labkit.generate(m, torch.arange(70)[None] % 200, 2)\n"
+        "assert not any('chunk_delta_rule' in name for name in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(labkit.__file__))  # this labkit, wherever it is installed
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
