@@ -25,9 +25,13 @@ calls. A graph replays the tensors it captured: before each prefill the decoder 
 model still holds the same parameters, unmodified (``_version``), on the same device and dtype,
 and otherwise rebuilds its plan and recaptures.
 
-Prefill runs the reference model (it fills the same cache the fused step reads). ``step`` returns
-the logits in a buffer that the next step overwrites; ``step_greedy`` returns next tokens without
-writing logits at all.
+Prefill runs the model's own forward (projections through cuBLAS, every mixer's maths from
+``labkit.ops.mixers``) with two inner cores swapped for faster implementations of the same
+functions (:func:`prefill_cores`): the chunked Triton delta rule, which reads the cache's recurrent
+state and writes the final one back in place, and, for prompts that start every sequence, SDPA's
+causal form of attention. It fills the same cache the fused step reads. Prefill is eager, in every
+fused backend (its length varies per call). ``step`` returns the logits in a buffer that the next
+step overwrites; ``step_greedy`` returns next tokens without writing logits at all.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from torch import nn
 from .backends import register
 from .cache import HybridCache
 from .model import HybridLM, attention_dims, gdn_dims
+from .ops.mixers import DeltaRule, MixerCores, attend_causal, attend_ref
 from .tuning import linear_config as tuned_linear_config
 
 
@@ -53,9 +58,31 @@ def _load_ops() -> Any:
             "the fused backends need Triton: it ships with CUDA builds of PyTorch; on a CPU-only "
             "machine install it (pip install 'triton>=3.6') and set TRITON_INTERPRET=1 before importing it"
         ) from e
-    from .ops import attention_decode, gated_delta_decode, greedy_head, launch, linear
+    from .ops import attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
 
-    return attention_decode, gated_delta_decode, greedy_head, launch, linear
+    return attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
+
+
+def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype) -> DeltaRule:
+    """``kernel`` (:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) behind the reference delta
+    rule's signature: q, k, v enter in the model's ``dtype`` (the reference hands them over in
+    float32; bf16 operands are what the kernel's tensor-core products take) and the state is
+    updated in place and returned, so the cache's recurrent state is read and written once."""
+
+    def delta_rule(q, k, v, g, beta, state=None):
+        q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+        return kernel(q, k, v, g.contiguous(), beta.contiguous(), state, final_state=state)
+
+    return delta_rule
+
+
+def prefill_cores(delta_rule: DeltaRule, cache: HybridCache) -> MixerCores:
+    """The cores of the fused prefill into ``cache``. Attention takes SDPA's causal form (flash on a
+    GPU) when every sequence starts at position 0, so that the new tokens are all the keys; a prompt
+    that continues cached sequences takes the explicit mask instead. Both compute the same function
+    (:func:`labkit.ops.mixers.attend_causal`): this picks a form, not an approximation."""
+    fresh = all(n == 0 for n in cache.host_lengths)
+    return MixerCores(delta_rule=delta_rule, attend=attend_causal if fresh else attend_ref)
 
 
 # -- graphs: the one seam the CPU tests replace ---------------------------------------------------
@@ -229,7 +256,7 @@ class FusedDecoder:
     """Triton decode step for a :class:`~labkit.model.HybridLM` over a :class:`~labkit.cache.HybridCache`."""
 
     def __init__(self, model: HybridLM, cache: HybridCache, *, graph: bool = False, pdl: bool = False) -> None:
-        self._attn, self._gdn, self._head, self._launch, self._lin = _load_ops()
+        self._attn, self._chunk, self._gdn, self._head, self._launch, self._lin = _load_ops()
         self.model, self.cache, self.cfg = model, cache, model.cfg
         self.graph, self.pdl = graph, pdl
         self.plan: StepPlan | None = None
@@ -415,9 +442,17 @@ class FusedDecoder:
 
     # -- Decoder protocol ----------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward_prefill(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """The model's logits [B, T, vocab] ([B, 1, vocab] with ``last_only``) for the prompt
+        ``input_ids`` [B, T], through the fused prefill; the cache advances by T (checked for room
+        before anything is written)."""
         self.refresh()
-        return self.model(input_ids, cache=self.cache, last_only=True)[:, -1]
+        cores = prefill_cores(chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype), self.cache)
+        return self.model(input_ids, cache=self.cache, last_only=last_only, cores=cores)
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]."""
+        return self.forward_prefill(input_ids, last_only=True)[:, -1]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -22,10 +22,17 @@ class GenerationResult:
     # decoder (made, or fetched and checked against the weights) and, when made or when the weights
     # changed, compiling and capturing its graphs. Near zero when generate reuses a pooled decoder.
     setup_s: float
-    prefill_s: float  # wall time of the prefill, device synchronised
+    # time to first token: wall time from the prompt to the first generated token, device
+    # synchronised: the prefill and the first token's sampling (set-up not included)
+    ttft_s: float
     decode_s: float  # wall time of the decode steps after the first token
     steps: int  # decode steps timed in decode_s
     finished: torch.Tensor  # [B] bool: the sequence produced a stop token
+
+    @property
+    def prefill_s(self) -> float:
+        """The prefill as timed: the same wall time as :attr:`ttft_s` (prefill and the first token)."""
+        return self.ttft_s
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -35,7 +42,7 @@ class GenerationResult:
     @property
     def wall_s(self) -> float:
         """The whole call as a caller waits for it: set-up, prefill and decode."""
-        return self.setup_s + self.prefill_s + self.decode_s
+        return self.setup_s + self.ttft_s + self.decode_s
 
     @property
     def wall_tokens_per_s(self) -> float:
@@ -118,7 +125,7 @@ def generate(
     logits = decoder.prefill(input_ids)
     token = sample(logits, params, generator)
     _sync(model.device)
-    prefill_s = time.perf_counter() - t0
+    ttft_s = time.perf_counter() - t0
 
     bar = None
     if progress or (progress is None and max_new_tokens >= 256):
@@ -150,7 +157,7 @@ def generate(
         tokens=out[:, :n],
         prompt_len=T,
         setup_s=setup_s,
-        prefill_s=prefill_s,
+        ttft_s=ttft_s,
         decode_s=decode_s,
         steps=n - 1,
         finished=finished,

@@ -11,7 +11,9 @@ fused kernel later streams one matrix per step: q|k|v(|gate) for attention, B|C|
 conv, q|k|v|z|b|a for Gated DeltaNet, gate|up for the MLP. The reference forward still computes
 every piece in plain torch; it is the function every faster backend must reproduce. Each mixer is
 ``in_proj -> labkit.ops.mixers.<mixer>_ref -> out_proj``: the maths between the projections is
-stated once there, and the decode kernels are tested against the same functions.
+stated once there, and the decode kernels are tested against the same functions. A faster prefill
+runs this same forward with other implementations of the mixers' inner cores (``cores``, a
+:class:`labkit.ops.mixers.MixerCores`: the delta rule, the attention core).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from torch import nn
 
 from .cache import Attachments, HybridCache
 from .config import ModelConfig
-from .ops.mixers import AttentionDims, GdnDims, attention_ref, gated_deltanet_ref, short_conv_ref
+from .ops.mixers import (
+    REFERENCE_CORES,
+    AttentionDims,
+    GdnDims,
+    MixerCores,
+    attention_ref,
+    gated_deltanet_ref,
+    short_conv_ref,
+)
 from .ops.norm import rms_norm_ref
 from .ops.rope import rope_inv_freq
 
@@ -84,7 +94,9 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+    ) -> torch.Tensor:
         keys = values = None
         if cache is not None:  # the sequences' cached positions and the T new ones, nothing past them
             length = cache.seq_len + x.shape[1]
@@ -92,7 +104,7 @@ class Attention(nn.Module):
             values = cache.values[self.layer][:, :, :length]
         out = attention_ref(
             F.linear(x, self.wqkv), self.q_norm.weight, self.k_norm.weight, self.inv_freq, keys, values,
-            positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset,
+            positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset, attend=cores.attend,
         )
         return F.linear(out, self.wo)
 
@@ -108,7 +120,9 @@ class ShortConv(nn.Module):
         self.conv_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.conv_kernel))
         self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.hidden_size))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+    ) -> torch.Tensor:
         state = None if cache is None else cache.conv_states[self.layer]
         y, new_state = short_conv_ref(F.linear(x, self.in_proj), state, self.conv_weight)
         if cache is not None:
@@ -138,16 +152,18 @@ class GatedDeltaNet(nn.Module):
         self.norm_weight = nn.Parameter(torch.empty(cfg.gdn_v_head_dim))
         self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.gdn_value_dim))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+    ) -> torch.Tensor:
         conv_state = None if cache is None else cache.conv_states[self.layer]
         state = None if cache is None else cache.recurrent_states[self.layer]
         y, new_conv_state, new_state = gated_deltanet_ref(
             F.linear(x, self.in_proj), conv_state, self.conv_weight, self.A_log, self.dt_bias, self.norm_weight,
-            state, self.dims, self.cfg.norm_eps,
+            state, self.dims, self.cfg.norm_eps, delta_rule=cores.delta_rule,
         )
         if cache is not None:
             conv_state.copy_(new_conv_state)
-            state.copy_(new_state)
+            state.copy_(new_state)  # a no-op when the delta rule updated the cache's state in place
         return F.linear(y, self.out_proj)
 
 
@@ -163,8 +179,10 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_unit_offset)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None) -> torch.Tensor:
-        h = h + self.mixer(self.mixer_norm(h), positions, cache)
+    def forward(
+        self, h: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+    ) -> torch.Tensor:
+        h = h + self.mixer(self.mixer_norm(h), positions, cache, cores)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -203,13 +221,18 @@ class HybridLM(nn.Module):
         return HybridCache(self.cfg, batch_size, max_len, dtype=self.dtype, device=self.device)
 
     def forward(
-        self, input_ids: torch.Tensor, cache: HybridCache | None = None, last_only: bool = False
+        self,
+        input_ids: torch.Tensor,
+        cache: HybridCache | None = None,
+        last_only: bool = False,
+        cores: MixerCores = REFERENCE_CORES,
     ) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` (``[B, 1, vocab]`` with ``last_only``) for ``input_ids [B, T]``.
 
         With a cache, the tokens continue the cached sequences and the cache advances by T; the
         cache is checked for room before anything is written. Token ids are range-checked when
         T > 1 (a prompt); single decode tokens are not, since the check would sync the device.
+        ``cores``: the implementations of the mixers' inner cores (default: the references).
         """
         self._check_input(input_ids, cache)
         B, T = input_ids.shape
@@ -219,7 +242,7 @@ class HybridLM(nn.Module):
             positions = cache.lengths[:, None].long() + torch.arange(T, device=input_ids.device)
         h = self.embed(input_ids)
         for block in self.layers:
-            h = block(h, positions, cache)
+            h = block(h, positions, cache, cores)
         if cache is not None:
             cache.advance(T)
         if last_only:

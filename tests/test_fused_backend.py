@@ -42,7 +42,11 @@ def test_fused_steps_match_the_reference(preset, dtype, batch, device):
     for buf in fused.plan.activations():
         buf.fill_(float("nan"))
     logits_ref = ref.prefill(prompt)
-    assert torch.equal(fused.prefill(prompt), logits_ref)  # prefill is the reference path
+    logits = fused.prefill(prompt)  # the fused prefill (tests/test_fused_prefill.py checks it closely)
+    if truth is None:
+        assert rel_err(logits, logits_ref) < 1e-5
+    else:
+        assert rel_err(logits, logits_ref) < 5e-2
     token = logits_ref.argmax(-1)
     for step in range(10):
         if step < 8:

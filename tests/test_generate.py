@@ -18,7 +18,9 @@ def test_greedy_equals_argmax_of_the_full_forward(model):
     full = torch.cat([prompt, out.tokens], 1)
     logits = model(full)
     assert torch.equal(logits[:, 6:-1].argmax(-1), out.tokens)
-    assert out.prefill_s > 0 and out.decode_tokens_per_s > 0
+    assert out.ttft_s > 0 and out.decode_tokens_per_s > 0
+    assert out.prefill_s == out.ttft_s  # the older name of the same measurement
+    assert out.wall_s == out.setup_s + out.ttft_s + out.decode_s
 
 
 def test_sampling_is_reproducible_and_seed_dependent(model):

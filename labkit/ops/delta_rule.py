@@ -125,3 +125,17 @@ def delta_rule_chunked_ref(
         S = chunk_decay[:, :, i, None, None] * S + k_to_end[:, :, i].transpose(-1, -2) @ U
     out = out.reshape(B, Hv, n * C, Vd)[:, :, :T].transpose(1, 2)
     return out, S
+
+
+def delta_rule_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference the model runs: one token steps the recurrence, longer inputs take the chunked
+    form (same contract as :func:`delta_rule_recurrent_ref`; ``state`` is not modified)."""
+    rule = delta_rule_recurrent_ref if q.shape[1] == 1 else delta_rule_chunked_ref
+    return rule(q, k, v, g, beta, state)

@@ -13,7 +13,7 @@ layer's weights and state:
 
       q, k, v = silu(conv(q | k | v));  q, k L2-normalised per head
       g = -exp(A_log) * softplus(a + dt_bias);  beta = sigmoid(b)
-      o = delta_rule(q, k, v, g, beta; S)                   recurrent for T = 1, chunked beyond
+      o = delta_rule(q, k, v, g, beta; S)                   see delta_rule.delta_rule_ref
       y = rmsnorm(o) * norm_weight * silu(z)                per value head
 
 - grouped-query attention, ``proj = q | k | v (| gate)`` (q, gate: nh*hd; k, v: nkv*hd), the KV
@@ -25,17 +25,23 @@ layer's weights and state:
 
 The conv and delta-rule states are returned new (the inputs are left as they were); the KV cache
 is written in place, since copying a whole cache per token would be the reference's main cost.
+
+Two inner computations are parameters, :class:`MixerCores`: the delta rule and the attention core
+(the softmax line above). A faster path passes another implementation of the same function (the
+chunked Triton delta rule, SDPA's causal form) and runs everything around it from these very
+functions, so nothing here is restated elsewhere.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .causal_conv import causal_conv_ref
-from .delta_rule import delta_rule_chunked_ref, delta_rule_recurrent_ref
+from .delta_rule import delta_rule_ref
 from .norm import gated_rms_norm_ref, l2_norm_ref, rms_norm_ref
 from .rope import rope_ref
 
@@ -93,6 +99,56 @@ class AttentionDims:
         return self.num_heads // self.num_kv_heads
 
 
+def attend_ref(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """The attention core: softmax(q . keys / sqrt(hd)) values over the keys at positions <= each query's.
+
+    ``q`` [B, nh, T, hd] (after norm and RoPE), ``keys``, ``values`` [B, nkv, L, hd] (nh a multiple of
+    nkv), ``positions`` [B, T] of the queries, ``key_positions`` [B, L]. Returns [B, nh, T, hd].
+    """
+    visible = key_positions[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, L]
+    return F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=visible, scale=q.shape[-1] ** -0.5, enable_gqa=True
+    )
+
+
+def attend_causal(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """:func:`attend_ref` for a prompt that starts every sequence: the T queries are at positions
+    0..T-1 of each sequence and the keys are exactly those T tokens. The visibility mask is then the
+    causal triangle, which SDPA takes as ``is_causal`` with no mask tensor: the same function, and
+    its flash kernel on a GPU. The caller vouches for the positions (reading them here would sync
+    the device); the shapes are checked.
+    """
+    if keys.shape[2] != q.shape[2] or positions.shape[1] != q.shape[2]:
+        raise ValueError(
+            f"the causal form needs exactly the T = {q.shape[2]} new tokens as keys, got {keys.shape[2]}; "
+            "use attend_ref when sequences continue a cache"
+        )
+    return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=q.shape[-1] ** -0.5, enable_gqa=True)
+
+
+DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # delta_rule_ref's signature
+Attend = Callable[..., torch.Tensor]  # attend_ref's signature
+
+
+@dataclass(frozen=True)
+class MixerCores:
+    """The inner computations of the mixers, replaceable by other implementations of the same function.
+
+    ``delta_rule(q, k, v, g, beta, state) -> (o, final state)`` as :func:`~labkit.ops.delta_rule.delta_rule_ref`
+    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`.
+    """
+
+    delta_rule: DeltaRule = delta_rule_ref
+    attend: Attend = attend_ref
+
+
+REFERENCE_CORES = MixerCores()
+
+
 def short_conv_ref(
     proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,11 +171,13 @@ def gated_deltanet_ref(
     state: torch.Tensor | None,
     dims: GdnDims,
     eps: float,
+    delta_rule: DeltaRule = delta_rule_ref,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gated DeltaNet after in_proj: (y [B, T, nv*dv] in proj's dtype, new conv state, new float32 state).
 
     ``proj`` [B, T, P]; ``conv_state`` [B, KW-1, C] and ``state`` [B, nv, dk, dv] (None: zeros) are
-    not modified. One token steps the recurrence; longer inputs take the chunked form.
+    not modified by the reference ``delta_rule`` (another one may update ``state`` in place and
+    return it).
     """
     B, T, _ = proj.shape
     nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
@@ -132,8 +190,7 @@ def gated_deltanet_ref(
     v = v.reshape(B, T, nv, dv)
     beta = torch.sigmoid(b.float())
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    rule = delta_rule_recurrent_ref if T == 1 else delta_rule_chunked_ref
-    o, new_state = rule(q, k, v, g, beta, state)
+    o, new_state = delta_rule(q, k, v, g, beta, state)
     o = gated_rms_norm_ref(o, z.reshape(B, T, nv, dv), norm_weight, eps)
     return o.reshape(B, T, dims.value_dim).to(proj.dtype), new_conv_state, new_state
 
@@ -149,6 +206,7 @@ def attention_ref(
     dims: AttentionDims,
     eps: float,
     unit_offset: bool,
+    attend: Attend = attend_ref,
 ) -> torch.Tensor:
     """Attention after the qkv projection: y [B, T, nh*hd] in proj's dtype.
 
@@ -170,11 +228,7 @@ def attention_ref(
         keys[rows, :, positions] = k
         values[rows, :, positions] = v
         key_pos = torch.arange(keys.shape[2], device=proj.device).expand(B, -1)
-    visible = key_pos[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, L]
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=visible, scale=hd**-0.5, enable_gqa=True
-    )
-    out = out.transpose(1, 2).reshape(B, T, nh * hd)
+    out = attend(q.transpose(1, 2), keys, values, positions, key_pos).transpose(1, 2).reshape(B, T, nh * hd)
     if dims.output_gate:
         out = out * torch.sigmoid(parts[3])
     return out
