@@ -137,13 +137,13 @@ def allreduce_job(rank: Rank, args, command: str) -> tuple[dict[str, Any], list[
             row = AllReduceRow(rank.world_size, nodes, rank.backend, str(dtype).removeprefix("torch."), batch, hidden,
                                message_bytes(batch, hidden, dtype), eager_us=float("nan"), graph_us=None)
 
-            def measure() -> dict[str, list[float]]:
+            def time_both() -> dict[str, list[float]]:
                 out = {"eager": time_eager(rank, numel, dtype, args.iters, args.repeats)}
                 if group is not None:
                     out["graph"] = time_graph(rank, numel, dtype, args.graph_iters, args.repeats, group)
                 return out
 
-            _, timings = rank.on_every_rank(f"all-reduce of {row.bytes} bytes", measure, publish=lambda t: t)
+            _, timings = rank.on_every_rank(f"all-reduce of {row.bytes} bytes", time_both, publish=lambda t: t)
             # the collective couples the ranks; the slowest rank's median is the cost a step would see
             row.runs_eager_us = [max(t["eager"][i] for t in timings) for i in range(args.repeats)]
             row.eager_us = statistics.median(row.runs_eager_us)
