@@ -13,6 +13,7 @@ from .checkpoints import CHECKPOINTS, available_checkpoints, checkpoint_path
 from .config import PRESETS, ModelConfig
 from .generate import GenerationResult, generate
 from .model import HybridLM, build
+from .prefix_cache import PrefixCache
 from .tokenizer import ByteTokenizer
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "HybridLM",
     "ModelConfig",
     "PRESETS",
+    "PrefixCache",
     "available_checkpoints",
     "build",
     "checkpoint_path",

@@ -1,0 +1,325 @@
+"""An exact prefix-state cache for hybrid decoders: snapshots of every layer's state at block boundaries.
+
+A recurrent layer (LFM2's short conv, Gated DeltaNet) keeps one state however long the context, so
+its state after token ``t`` cannot be sliced back out of the state after a longer prompt. Prefix
+reuse therefore stores *snapshots*: after each block of ``block_size`` prompt tokens, per sequence,
+
+- the keys and values of that block's positions, per attention layer (the positions before it are
+  held by the node's ancestors, so a snapshot at boundary ``b`` costs one block of KV, not ``b``);
+- every conv window and every recurrent state, whole (they summarise all the tokens before).
+
+Snapshots live in a trie over token blocks (a radix tree whose edges are one block each): the
+node reached by blocks ``x[0:bs], x[bs:2bs], ..., x[(k-1)bs:k bs]`` holds the state after ``k bs``
+tokens. :meth:`PrefixCache.prefill` finds the longest cached prefix, copies the path's KV blocks and
+the deepest node's conv and recurrent states into the decoder's cache, sets the lengths, and then
+prefills only the rest, block by block through the decoder's own prefill, snapshotting each new
+boundary. Restoring copies stored tensors, so the state it rebuilds is bitwise the state that the
+same block-by-block prefill left; a hit and a miss give the same logits up to the rounding of the
+block-by-block prefill against a one-shot one (float32: ~1e-6 relative).
+
+Behaviour at the edges, by design:
+
+- at most ``(T - 1) // block_size`` blocks of a ``T``-token prompt are restored: the last prompt
+  token is always run, since its logits are what the caller needs (and no logits are stored); a
+  prompt of at most one block (``T <= block_size``) therefore always misses, and one shorter than a
+  block leaves no snapshot either;
+- batch > 1: each row looks up its own prefix, and the batch restores the *shortest* row's hit (in
+  blocks) for every row, each row from its own path, since all rows of a :class:`HybridCache` advance
+  together; rows with longer hits recompute those blocks (and refresh their nodes' recency);
+- memory: ``budget_bytes`` bounds the bytes of all stored snapshots; before a snapshot is stored,
+  leaves are evicted (a node's children need its KV, so only leaves go) by ``policy``; nodes on the
+  paths of the prompt being prefilled are pinned. If no leaf can go, the snapshot (and the deeper
+  ones of that row in this call) is not stored: results stay exact, only later hits are shorter.
+
+Policies: ``"lru"`` evicts the least recently used leaf. ``"flops"`` (after Marconi, Pan et al.
+2024: keep what saves most compute per byte) evicts the leaf with the fewest FLOPs saved per byte it
+holds, with least recent use breaking ties. A hit on a node of depth ``k`` blocks saves the
+prefill of ``k * block_size`` tokens, estimated as ``2 * model.num_parameters() * tokens`` (the
+matmul FLOPs; attention's quadratic term and the embedding gather are not counted), and evicting
+it frees its own bytes (one block of KV plus the recurrent states).
+
+A cache is bound to one model: its configuration, dtype, device and weights
+(:func:`labkit.fused.weights_key`); any other model, or the same model after its weights changed,
+is refused with a clear error rather than restoring foreign state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cache import CacheFullError, HybridCache
+from .fused import weights_key
+from .model import HybridLM
+
+POLICIES = ("lru", "flops")
+
+
+@dataclass(eq=False)
+class _Node:
+    """The state after the blocks on the path from the root to this node, for one sequence."""
+
+    parent: "_Node | None"
+    block: tuple[int, ...]  # the tokens of the edge into this node (empty at the root)
+    depth: int  # blocks from the root
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [kv_heads, bs, head_dim]
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    conv_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [K-1, dim]
+    recurrent_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> float32 state
+    children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
+    last_used: int = 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.keys.values(), *self.values.values(), *self.conv_states.values(), *self.recurrent_states.values()]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+@dataclass
+class PrefixPrefill:
+    logits: torch.Tensor  # [B, vocab] after each row's last prompt token
+    restored: int  # tokens restored from snapshots, the same for every row (the batch's hit)
+    row_hits: list[int]  # tokens each row had cached (before taking the batch's shortest)
+
+
+class PrefixCache:
+    """Snapshots of a model's per-sequence state at every ``block_size`` tokens, up to ``budget_bytes``.
+
+    Use: ``out = prefix.prefill(decoder, input_ids)`` in place of ``decoder.prefill(input_ids)``; the
+    decoder's cache is reset, refilled from the longest cached prefix, and the rest of the prompt is
+    prefilled; then decode with ``decoder.step`` as usual. Any backend's decoder works (it needs
+    ``.model``, ``.cache`` and ``.prefill``).
+    """
+
+    def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru") -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; available: {', '.join(POLICIES)}")
+        self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
+        self._weights = weights_key(model)
+        self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
+        self.flops_per_token = 2 * model.num_parameters()
+        self.snapshot_bytes = self._snapshot_bytes()
+        if budget_bytes < self.snapshot_bytes:
+            raise ValueError(
+                f"budget_bytes={budget_bytes} is smaller than one snapshot ({self.snapshot_bytes} bytes for "
+                f"block_size={block_size} of {self.cfg.name} in {self.dtype}): nothing could be cached"
+            )
+        self.root = _Node(parent=None, block=(), depth=0)
+        self.nbytes = 0
+        self.evictions = 0
+        self._clock = 0
+
+    def _snapshot_bytes(self) -> int:
+        """The bytes of one snapshot, from the cache's own layout (a one-sequence, one-block cache)."""
+        probe = HybridCache(self.cfg, 1, self.block_size, self.dtype, "meta")
+        return probe.nbytes() - probe.lengths.numel() * probe.lengths.element_size()
+
+    # -- look-up -------------------------------------------------------------------------------------
+    def _path(self, tokens: list[int], max_blocks: int) -> list[_Node]:
+        """The cached nodes along ``tokens``' blocks, at most ``max_blocks`` deep, root excluded."""
+        bs, node, path = self.block_size, self.root, []
+        for j in range(max_blocks):
+            node = node.children.get(tuple(tokens[j * bs : (j + 1) * bs]))
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    def _usable_blocks(self, length: int) -> int:
+        return (length - 1) // self.block_size  # the last token always runs: its logits are the output
+
+    def lookup(self, tokens: torch.Tensor | list[int]) -> int:
+        """How many tokens of a one-sequence prompt ``prefill`` would restore (a multiple of block_size)."""
+        tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        return len(self._path(tokens, self._usable_blocks(len(tokens)))) * self.block_size
+
+    def __len__(self) -> int:
+        """Snapshots held."""
+        count, stack = 0, [self.root]
+        while stack:
+            node = stack.pop()
+            count += len(node.children)
+            stack.extend(node.children.values())
+        return count
+
+    # -- checks --------------------------------------------------------------------------------------
+    def _check(self, decoder: Any, input_ids: torch.Tensor) -> tuple[HybridLM, HybridCache]:
+        model, cache = getattr(decoder, "model", None), getattr(decoder, "cache", None)
+        if not isinstance(model, HybridLM) or not isinstance(cache, HybridCache):
+            raise TypeError("PrefixCache.prefill needs a decoder with .model (a HybridLM) and .cache (a HybridCache)")
+        if model.cfg != self.cfg:
+            raise ValueError(
+                f"this PrefixCache holds snapshots of {self.cfg.name!r}; the decoder runs {model.cfg.name!r} "
+                "(another model configuration): make a PrefixCache for that model"
+            )
+        if model.dtype != self.dtype or model.device != self.device:
+            raise ValueError(
+                f"this PrefixCache holds {self.dtype} snapshots on {self.device}; the model is {model.dtype} "
+                f"on {model.device}: make a PrefixCache for that model"
+            )
+        if weights_key(model) != self._weights:
+            raise ValueError(
+                "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
+                "was made: its snapshots no longer describe this model; make a new PrefixCache"
+            )
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be a non-empty [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids must be int64 or int32, got {input_ids.dtype}")
+        lo, hi = int(input_ids.min()), int(input_ids.max())  # here: a one-token tail is not checked by the model
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")
+        B, T = input_ids.shape
+        if B != cache.batch_size:
+            raise ValueError(f"input batch {B} does not match the cache's batch {cache.batch_size}")
+        if T > cache.max_len:  # checked here: the cache is reset before the decoder could check it
+            raise CacheFullError(
+                f"the prompt has {T} tokens but the decoder's cache holds max_len={cache.max_len}; "
+                "make a larger cache with model.new_cache(batch_size, max_len=...)"
+            )
+        return model, cache
+
+    # -- prefill -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, decoder: Any, input_ids: torch.Tensor) -> PrefixPrefill:
+        """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
+        return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
+        snapshots change if the decoder's model is not this cache's, or the prompt does not fit."""
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        model, cache = self._check(decoder, input_ids)
+        input_ids = input_ids.to(model.device)
+        B, T = input_ids.shape
+        bs = self.block_size
+        rows = input_ids.tolist()
+        usable = self._usable_blocks(T)
+        paths = [self._path(row, usable) for row in rows]
+        row_hits = [len(p) * bs for p in paths]
+        hit_blocks = min(len(p) for p in paths)
+        self._clock += 1
+        for path in paths:
+            for node in path:
+                node.last_used = self._clock
+
+        restore = [p[:hit_blocks] for p in paths]
+        for node in {id(n): n for p in restore for n in p}.values():
+            self._check_snapshot(node, cache)  # before the reset: a bad snapshot leaves the cache as it was
+        cache.reset()
+        if hit_blocks:
+            self._restore(cache, restore)
+        # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
+        current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
+        pinned = {id(n) for p in paths for n in p}
+        logits = None
+        pos = hit_blocks * bs
+        while pos < T:
+            end = min(pos + bs, T)
+            logits = decoder.prefill(input_ids[:, pos:end])
+            if end - pos == bs:
+                for r in range(B):
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned)
+            pos = end
+        return PrefixPrefill(logits=logits, restored=hit_blocks * bs, row_hits=row_hits)
+
+    def _restore(self, cache: HybridCache, paths: list[list[_Node]]) -> None:
+        bs = self.block_size
+        for r, path in enumerate(paths):
+            for node in path:
+                at = slice((node.depth - 1) * bs, node.depth * bs)
+                for i, k in node.keys.items():
+                    cache.keys[i][r, :, at].copy_(k)
+                    cache.values[i][r, :, at].copy_(node.values[i])
+            last = path[-1]
+            for i, s in last.conv_states.items():
+                cache.conv_states[i][r].copy_(s)
+            for i, s in last.recurrent_states.items():
+                cache.recurrent_states[i][r].copy_(s)
+        cache.advance(len(paths[0]) * bs)
+
+    def _check_snapshot(self, node: _Node, cache: HybridCache) -> None:
+        """A snapshot must match the cache's buffers in layers, shape and dtype, or nothing is restored."""
+        bs = self.block_size
+        for held, bufs, shape in [
+            (node.keys, cache.keys, lambda b: (b.shape[1], bs, b.shape[3])),
+            (node.values, cache.values, lambda b: (b.shape[1], bs, b.shape[3])),
+            (node.conv_states, cache.conv_states, lambda b: tuple(b.shape[1:])),
+            (node.recurrent_states, cache.recurrent_states, lambda b: tuple(b.shape[1:])),
+        ]:
+            if held.keys() != bufs.keys():
+                raise ValueError("a snapshot's layers do not match the cache's: it was made for another model")
+            for i, t in held.items():
+                if t.dtype != bufs[i].dtype or tuple(t.shape) != shape(bufs[i]):
+                    raise ValueError(
+                        f"a snapshot of layer {i} is {t.dtype} {tuple(t.shape)}; the cache needs {bufs[i].dtype} "
+                        f"{shape(bufs[i])}: it was made for another model or dtype"
+                    )
+
+    # -- storing and eviction ------------------------------------------------------------------------
+    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int]) -> _Node | None:
+        """The node for row ``r`` after ``block`` below ``parent``: found, or stored from the cache now."""
+        if parent is None:
+            return None
+        node = parent.children.get(block)
+        if node is None:
+            if not self._make_room(pinned):
+                return None
+            depth = parent.depth + 1
+            at = slice((depth - 1) * self.block_size, depth * self.block_size)
+            node = _Node(
+                parent=parent, block=block, depth=depth,
+                keys={i: k[r, :, at].clone() for i, k in cache.keys.items()},
+                values={i: v[r, :, at].clone() for i, v in cache.values.items()},
+                conv_states={i: s[r].clone() for i, s in cache.conv_states.items()},
+                recurrent_states={i: s[r].clone() for i, s in cache.recurrent_states.items()},
+            )
+            parent.children[block] = node
+            self.nbytes += node.nbytes
+        node.last_used = self._clock
+        pinned.add(id(node))
+        return node
+
+    def _leaves(self, pinned: set[int]) -> list[_Node]:
+        leaves, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif id(node) not in pinned:
+                leaves.append(node)
+        return leaves
+
+    def _eviction_score(self, node: _Node) -> tuple:
+        """Lowest goes first. lru: last use. flops: FLOPs a hit on it saves per byte it holds, then last use."""
+        if self.policy == "lru":
+            return (node.last_used,)
+        saved = self.flops_per_token * node.depth * self.block_size
+        return (saved / node.nbytes, node.last_used)
+
+    def _make_room(self, pinned: set[int]) -> bool:
+        """Evict unpinned leaves until one more snapshot fits the budget; False if it cannot."""
+        while self.nbytes + self.snapshot_bytes > self.budget_bytes:
+            leaves = self._leaves(pinned)
+            if not leaves:
+                return False
+            victim = min(leaves, key=self._eviction_score)
+            del victim.parent.children[victim.block]
+            self.nbytes -= victim.nbytes
+            self.evictions += 1
+        return True
+
+    def clear(self) -> None:
+        """Drop every snapshot."""
+        self.root.children.clear()
+        self.nbytes = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefixCache({self.cfg.name}, {self.dtype}, block_size={self.block_size}, policy={self.policy}, "
+            f"snapshots={len(self)}, {self.nbytes}/{self.budget_bytes} bytes)"
+        )
