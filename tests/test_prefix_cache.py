@@ -17,8 +17,11 @@ BS = 8  # block size
 NEW = 6  # greedy tokens compared
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _ids(length, batch=1, seed=0):
-    return torch.randint(0, 263, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, 263, (batch, length), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
 def _decoder(model, backend, batch, max_len=64):
@@ -46,11 +49,15 @@ def _check_exact(model, backend, prefix, decoder, ids):
 
 @pytest.fixture(scope="module", params=["tiny-lfm2", "tiny-qwen3.5"])
 def model(request):
-    return labkit.build(request.param, dtype=torch.float32, seed=3)
+    return labkit.build(request.param, dtype=torch.float32, device=DEVICE, seed=3)
 
 
-@pytest.mark.parametrize("backend,length", [("reference", 5), ("reference", 19), ("reference", 33), ("fused", 19)])
+@pytest.mark.parametrize(
+    "backend,length", [("reference", 5), ("reference", 19), ("reference", 33), ("fused", 19), ("fused+graph", 33)]
+)
 def test_a_hit_is_exact(model, backend, length):
+    if backend == "fused+graph" and DEVICE != "cuda":
+        pytest.skip("captures CUDA graphs")
     prefix = labkit.PrefixCache(model, BS, budget_bytes=10**8)
     decoder = _decoder(model, backend, batch=3)
     ids = _ids(length, batch=3)
@@ -147,9 +154,9 @@ def test_bad_input_is_refused_and_changes_nothing(model):
 
     other = "tiny-qwen3.5" if model.cfg.name == "tiny-lfm2" else "tiny-lfm2"
     for wrong, match in [
-        (labkit.build(other, dtype=torch.float32), "configuration"),
-        (labkit.build(model.cfg.name, dtype=torch.bfloat16), "bfloat16"),
-        (labkit.build(model.cfg.name, dtype=torch.float32, seed=9), "weights changed"),
+        (labkit.build(other, dtype=torch.float32, device=DEVICE), "configuration"),
+        (labkit.build(model.cfg.name, dtype=torch.bfloat16, device=DEVICE), "bfloat16"),
+        (labkit.build(model.cfg.name, dtype=torch.float32, device=DEVICE, seed=9), "weights changed"),
     ]:
         with pytest.raises(ValueError, match=match):
             prefix.prefill(_decoder(wrong, "reference", batch=1), ids)
@@ -158,7 +165,7 @@ def test_bad_input_is_refused_and_changes_nothing(model):
     with pytest.raises(ValueError, match="batch"):
         prefix.prefill(decoder, _ids(19, batch=2))
     with pytest.raises(ValueError, match="token ids"):
-        prefix.prefill(decoder, torch.full((1, 9), 263))
+        prefix.prefill(decoder, torch.full((1, 9), 263, device=DEVICE))
     # A snapshot that no longer fits the model's cache (here: another dtype) is refused before any restore.
     node = prefix.root.children[tuple(ids[0, :BS].tolist())]
     layer, saved = next(iter(node.conv_states.items()))
