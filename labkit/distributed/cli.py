@@ -231,8 +231,11 @@ def run_job(command: str, args: list[str], out: str | Path, timeout_s: float | N
         raise
     noise = ("*****", "Setting OMP_NUM_THREADS")
     lines = [ln for ln in text.splitlines() if not ln.startswith(noise)]
-    if proc.returncode != 0:
-        raise RuntimeError(f"labkit {command} failed (exit status {proc.returncode}):\n" + _tail("\n".join(lines)))
+    if proc.returncode != 0:  # torchrun's summary ends the output; a rank's own error is further up
+        marks = ("Error", "error:", "terminate", "Abort", "what():")
+        cause = [ln for ln in lines if any(m in ln for m in marks)][-20:]
+        raise RuntimeError(f"labkit {command} failed (exit status {proc.returncode}):\n" + _tail("\n".join(lines))
+                           + ("\n-- error lines from earlier in the output:\n" + "\n".join(cause) if cause else ""))
     if echo:
         print("\n".join(lines))
     return json.loads(Path(out).read_text())
@@ -275,6 +278,9 @@ def rank_main(argv: list[str]) -> int:
                 path = write_results(args.name, doc["kind"], rows, facts, command=job_command,
                                      data_dir=args.data_dir or _data_dir())
                 print(f"wrote {path}", flush=True)
+        # Leave together: a rank that tears down its process group while another is still inside a
+        # collective can make that one abort (one CPU notebook run in CI saw a rank end on SIGABRT).
+        rank.barrier()
     finally:
         runtime.finish()
     return 0
