@@ -173,3 +173,28 @@ def load_model(name: str, dtype, device: str, seed: int = 0):
     if name in CHECKPOINTS:
         return labkit.load(checkpoint_path(name), dtype=dtype, device=device)
     return labkit.build(name, dtype=dtype, device=device, seed=seed)
+
+
+REFERENCE_GPU = "nvidia-h200"  # the GPU whose committed results a notebook teaches with where there is none
+
+
+def committed_results(name: str, gpu: str = REFERENCE_GPU) -> dict:
+    """A committed results file, ``data/bench/<gpu>/<name>.json`` (GPU, versions, date, command and
+    rows), for a notebook to read its numbers from instead of typing them."""
+    from .bench.results import DATA_DIR
+
+    path = DATA_DIR / gpu / f"{name}.json"
+    if not path.exists():
+        have = sorted(p.stem for p in (DATA_DIR / gpu).glob("*.json"))
+        raise FileNotFoundError(f"no committed results {path}; {gpu} has: {', '.join(have) or 'none'}")
+    return json.loads(path.read_text())
+
+
+def no_gpu_notice(device: str, gpu: str = REFERENCE_GPU) -> str:
+    """Markdown for the top of a notebook run without a GPU: what the CPU numbers are (interpreter
+    timings that teach nothing about speed) and where the lesson's figures come from instead."""
+    if device != "cpu":
+        return ""
+    return (f"> **No GPU here.** Kernels run in Triton's interpreter on the CPU, so every time this run "
+            f"measures is the interpreter's, not a GPU's. The figures the lesson rests on are the committed "
+            f"{gpu} results in `data/bench/{gpu}/`, drawn beside what this machine measures and labelled so.")
