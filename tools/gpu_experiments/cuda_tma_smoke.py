@@ -1,0 +1,33 @@
+"""Smoke check of labkit.cuda.tma_linear on the GPU (used by cuda-tma.sh before the long steps): a
+few shapes and configs against linear_ref, outputs poisoned with NaN; exits 1 on any error."""
+
+import sys
+import time
+
+import torch
+
+from labkit import cuda
+from labkit.bench.ops import rel_err
+from labkit.ops.linear import linear_ref
+
+bad = 0
+for n, k, b in [(64, 256, 1), (1001, 1032, 3), (1024, 4608, 16), (65536, 1024, 1)]:
+    x = torch.randn(b, k, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+    r = torch.randn(b, n, dtype=torch.bfloat16, device="cuda")
+    ref = linear_ref(x, w, residual=r)
+    for cfg in [None, cuda.TmaConfig(16, 128, 2), cuda.TmaConfig(64, 256, 4), cuda.TmaConfig(32, 64, 3, split_k=2)]:
+        out = torch.full_like(r, float("nan"))
+        t0 = time.perf_counter()
+        try:
+            cuda.tma_linear(x, w, r, out=out, config=cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            print(f"N={n} K={k} B={b} {cfg}: ERROR {type(exc).__name__}: {exc}")
+            bad += 1
+            continue
+        err = rel_err(out, ref)
+        ok = err < 1e-2
+        bad += not ok
+        print(f"N={n} K={k} B={b} {cfg}: rel err {err:.2e} {'ok' if ok else 'WRONG'} ({(time.perf_counter() - t0) * 1e3:.1f} ms)")
+sys.exit(1 if bad else 0)
