@@ -184,14 +184,15 @@ def ptxas_report(source: Path, arch: str, timeout: float = 120) -> list[PtxasEnt
 @dataclass(frozen=True)
 class TmaConfig:
     """Blocking of :func:`tma_linear`: a [block_n, block_k] box of W per pipeline stage, ``stages``
-    boxes in flight per block, K split over ``split_k`` blocks (0: enough to give every SM a work
-    item), at most ``max_blocks`` blocks (0: as many as fit on the GPU at once)."""
+    boxes in flight per block, K split over ``split_k`` blocks (0: enough to give every SM ``fill``
+    work items), at most ``max_blocks`` blocks (0: as many as fit on the GPU at once)."""
 
     block_n: int = 16
     block_k: int = 256
     stages: int = 4
     split_k: int = 0
     max_blocks: int = 0
+    fill: int = 1
 
     def __post_init__(self) -> None:
         if self.block_n not in (16, 32, 64):
@@ -205,14 +206,16 @@ class TmaConfig:
             raise ValueError(f"TmaConfig.stages must be 1..32, got {self.stages}")
         if self.split_k < 0 or self.max_blocks < 0:
             raise ValueError("TmaConfig.split_k and max_blocks must be >= 0 (0: automatic)")
+        if self.fill < 1:
+            raise ValueError(f"TmaConfig.fill must be >= 1, got {self.fill}")
 
     def splits(self, n: int, k: int, sms: int) -> int:
         """The K split for an [n, k] weight: ``split_k``, or the smallest whose work items
-        (row tiles x splits) cover ``sms``; always one whose splits all get K tiles."""
+        (row tiles x splits) cover ``fill * sms``; always one whose splits all get K tiles."""
         k_tiles = cdiv(k, self.block_k)
         split = self.split_k or 1
         if not self.split_k:
-            while cdiv(n, self.block_n) * split < sms and split < k_tiles:
+            while cdiv(n, self.block_n) * split < self.fill * sms and split < k_tiles:
                 split += 1
         split = min(split, k_tiles)
         while split > 1 and (split - 1) * cdiv(k_tiles, split) >= k_tiles:

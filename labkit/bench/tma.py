@@ -33,7 +33,7 @@ from .ops import rel_err
 
 MAX_REL_ERR = 2e-2  # bf16 outputs of a float32 sum: ~4e-3 expected
 PRESETS = ("lfm2-350m", "qwen3.5-0.8b")
-SWEEP = {"block_n": (16, 32, 64), "block_k": (64, 128, 256), "stages": (2, 4, 8, 12)}
+SWEEP = {"block_n": (16, 32, 64), "block_k": (64, 128, 256), "stages": (2, 4, 8), "fill": (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def sweep_configs(batch: int = 16):
     """Every valid config of the ``SWEEP`` grid whose block fits in shared memory at ``batch``."""
     from ..cuda import TmaConfig, fits
 
-    for bn, bk, st in itertools.product(SWEEP["block_n"], SWEEP["block_k"], SWEEP["stages"]):
-        if bk * bn // 64 >= 32 and fits(cfg := TmaConfig(block_n=bn, block_k=bk, stages=st), batch):
+    for bn, bk, st, fill in itertools.product(*(SWEEP[k] for k in ("block_n", "block_k", "stages", "fill"))):
+        if bk * bn // 64 >= 32 and fits(cfg := TmaConfig(block_n=bn, block_k=bk, stages=st, fill=fill), batch):
             yield cfg
 
 

@@ -1,5 +1,6 @@
 # cuda-tma (issue 14): about 180 s. JIT build of kernels/ (~20-60 s), smoke check, GPU tests,
-# benchmark (TMA GEMV vs Triton vs cuBLAS), config sweep, racecheck. Everything lands in $RES.
+# benchmark (TMA GEMV vs Triton vs cuBLAS), config sweep, the projections chained in one graph,
+# racecheck. Everything lands in $RES; each step has its own time limit.
 set +e
 mkdir -p "$RES"
 export LABKIT_CUDA_CACHE=/tmp/labkit-cuda-build PYTHONUNBUFFERED=1
@@ -27,7 +28,7 @@ echo "rc=$SMOKE" >> "$RES/smoke.log"; cat "$RES/smoke.log"
 
 if [ $SMOKE = 0 ]; then
   step gputests
-  timeout 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_tma_gemv.py > "$RES/gpu-tests.log" 2>&1
+  timeout 40 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_tma_gemv.py > "$RES/gpu-tests.log" 2>&1
   echo "rc=$?" >> "$RES/gpu-tests.log"; tail -25 "$RES/gpu-tests.log"
   IMPLS="cuda-tma triton cublas"
 else
@@ -35,15 +36,21 @@ else
 fi
 
 step bench
-timeout 55 python3 -m labkit bench tma --impls $IMPLS --name tma-gemv --data-dir "$RES/bench" > "$RES/bench.log" 2>&1
+timeout 45 python3 -m labkit bench tma --impls $IMPLS --name tma-gemv --data-dir "$RES/bench" > "$RES/bench.log" 2>&1
 echo "rc=$?" >> "$RES/bench.log"; cat "$RES/bench.log"
 
 if [ $SMOKE = 0 ]; then
   step sweep
-  T=$(left); [ $T -gt 60 ] && T=$(( T - 15 ))
+  T=$(( $(left) - 40 )); [ $T -lt 20 ] && T=20
   timeout $T python3 -m labkit bench tma --impls cuda-tma --sweep --repeats 7 --name tma-sweep \
       --data-dir "$RES/bench" > "$RES/sweep.log" 2>&1
   echo "rc=$?" >> "$RES/sweep.log"; tail -30 "$RES/sweep.log"
+fi
+step chain
+T=$(( $(left) - 10 )); [ $T -lt 20 ] && T=20
+timeout $T python3 tools/gpu_experiments/cuda_tma_chain.py $(ls "$RES"/bench/*/tma-sweep.json 2>/dev/null | head -1) \
+    > "$RES/chain.log" 2>&1; echo "rc=$?" >> "$RES/chain.log"; cat "$RES/chain.log"
+if [ $SMOKE = 0 ]; then
   step racecheck
   T=$(left); [ $T -gt 5 ] && timeout $T compute-sanitizer --tool racecheck python3 -c "
 import torch, labkit.cuda as c
