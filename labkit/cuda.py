@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -225,6 +226,58 @@ class TmaConfig:
 
 DEFAULT_TMA_CONFIG = TmaConfig()
 
+# -- tuned configs: data, one file per GPU model ------------------------------------------------------
+TMA_TUNING_FORMAT = "labkit-tma-tuning/1"
+TUNING_DIR = Path(__file__).resolve().parent.parent / "data" / "tuning"
+
+
+def batch_bucket(batch: int) -> int:
+    """Batches that share a tuned config: 1 (a GEMV), and 2..16 (the sweep times 16)."""
+    return 1 if batch == 1 else 16
+
+
+def tma_tuning_path(gpu_name: str, directory: Path = TUNING_DIR) -> Path:
+    """``data/tuning/<gpu-slug>-tma.json`` (beside the Triton kernels' ``<gpu-slug>.json``)."""
+    from .hw import gpu_slug
+
+    return Path(directory) / f"{gpu_slug(gpu_name)}-tma.json"
+
+
+def config_from_repr(text: str) -> TmaConfig:
+    """``TmaConfig(block_n=16, ...)`` as the benchmark rows record it, back into a TmaConfig."""
+    fields = dict(re.findall(r"(\w+)=(-?\d+)", text))
+    if not text.startswith("TmaConfig(") or not fields:
+        raise ValueError(f"not a TmaConfig repr: {text!r}")
+    return TmaConfig(**{k: int(v) for k, v in fields.items()})
+
+
+def read_tma_tuning(path: Path) -> dict[tuple[int, int, int], TmaConfig]:
+    """A tuning file's table: (batch bucket, N, K) -> config; a malformed file is a clear error."""
+    doc = json.loads(Path(path).read_text())
+    if doc.get("format") != TMA_TUNING_FORMAT or not isinstance(doc.get("configs"), list):
+        raise ValueError(f"{path}: expected format {TMA_TUNING_FORMAT!r} with a 'configs' list")
+    table = {}
+    for i, e in enumerate(doc["configs"]):
+        try:
+            key = (int(e["batch_bucket"]), int(e["n"]), int(e["k"]))
+            table[key] = TmaConfig(**e["config"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: configs[{i}] is not a valid entry: {exc}") from None
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _tma_table(gpu_name: str, directory: Path) -> dict:
+    path = tma_tuning_path(gpu_name, directory)
+    return read_tma_tuning(path) if path.exists() else {}
+
+
+def tma_config(batch: int, n: int, k: int, device: torch.device | str | int | None = None,
+               directory: Path = TUNING_DIR) -> TmaConfig:
+    """The measured fastest config for this shape on ``device``'s GPU model, else the default."""
+    table = _tma_table(torch.cuda.get_device_name(device), Path(directory))
+    return table.get((batch_bucket(batch), n, k), DEFAULT_TMA_CONFIG)
+
 @functools.lru_cache(maxsize=None)
 def _sms(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -305,11 +358,11 @@ def tma_linear(
     programmatic dependent launch (the weight stream starts before the previous kernel ends; the
     kernel reads x and the residual only after it)."""
     check_tma_args(x, weight, residual, out)
-    cfg = config or DEFAULT_TMA_CONFIG
+    (n, k), batch = weight.shape, x.shape[0]
+    cfg = config or tma_config(batch, n, k, weight.device)
     if not isinstance(cfg, TmaConfig):
         raise TypeError(f"config must be a TmaConfig, got {type(cfg).__name__}")
     ext = load(weight.device)
-    (n, k), batch = weight.shape, x.shape[0]
     if out is None:
         out = torch.empty(batch, n, dtype=weight.dtype, device=weight.device)
     split = cfg.splits(n, k, _sms(weight.device.index))

@@ -2,6 +2,7 @@
 
     python -m labkit bench tma --name tma-gemv                 # every shape, batch 1 and 16 -> data/bench/<gpu>/
     python -m labkit bench tma --sweep --name tma-sweep        # + every TmaConfig of the grid below
+    python -m labkit bench tma --tuning-from data/bench/<gpu>/tma-sweep.json   # -> data/tuning/<gpu>-tma.json
 
 For every distinct weight shape [N, K] of the LFM2-350M and Qwen3.5-0.8B decode projections (the
 matmul alone, no norm or epilogue, so the three compute one function), three implementations:
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -92,12 +95,13 @@ def sweep_configs(batch: int = 16):
 def _runner(impl: str, x: torch.Tensor, n: int, config=None):
     """``run(w, y)``: y = x w^T by ``impl``, into y."""
     from .. import tuning
-    from ..cuda import tma_linear
+    from ..cuda import tma_config, tma_linear
     from ..ops.linear import LinearWorkspace, linear
 
     batch, k = x.shape
     if impl == "cuda-tma":
-        return lambda w, y: tma_linear(x, w, out=y, config=config), repr(config) if config else "default"
+        config = config or tma_config(batch, n, k, x.device)  # the tuned table's, else the default
+        return lambda w, y: tma_linear(x, w, out=y, config=config), repr(config)
     if impl == "triton":
         cfg = tuning.linear_config(batch, n, k, device=x.device)
         ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, cfg), x.device)
@@ -171,6 +175,38 @@ def best_per_shape(rows: list[StreamRow]) -> dict[tuple[int, int, int], StreamRo
     return best
 
 
+def tuning_doc(sweep: dict) -> dict:
+    """A tuning file (:func:`labkit.cuda.read_tma_tuning`) from a sweep's results document: the
+    fastest correct config per shape, for batch buckets 1 and 16, with the sweep's provenance."""
+    from dataclasses import asdict
+
+    from ..cuda import TMA_TUNING_FORMAT, batch_bucket, config_from_repr
+
+    rows = [StreamRow(**r) for r in sweep["results"]]
+    configs = [
+        {"batch_bucket": batch_bucket(b), "n": n, "k": k, "config": asdict(config_from_repr(r.config)),
+         "us": round(r.us, 3), "gb_per_s": round(r.gb_per_s, 1), "where": r.where}
+        for (n, k, b), r in sorted(best_per_shape(rows).items()) if b == batch_bucket(b)
+    ]
+    keep = ("gpu", "device", "versions", "date", "command")
+    return {"format": TMA_TUNING_FORMAT, **{k: sweep.get(k) for k in keep}, "configs": configs}
+
+
+def write_tuning(sweep_path: Path, directory: Path | None = None) -> Path:
+    from ..cuda import TUNING_DIR, read_tma_tuning, tma_tuning_path
+
+    sweep = json.loads(Path(sweep_path).read_text())
+    if not sweep.get("gpu"):
+        raise SystemExit(f"{sweep_path} was not measured on a GPU")
+    doc = tuning_doc(sweep)
+    doc["source"] = str(sweep_path)
+    path = tma_tuning_path(sweep["gpu"], directory or TUNING_DIR)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    read_tma_tuning(path)  # what was written reads back
+    return path
+
+
 def main(argv: list[str]) -> int:
     from ..hw import device_facts
     from .results import DATA_DIR, write_results
@@ -182,8 +218,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sweep", action="store_true", help="also time cuda-tma at every config of the sweep grid")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--name", default="tma-gemv", help="results go to data/bench/<gpu>/<name>.json")
-    p.add_argument("--data-dir", type=type(DATA_DIR), default=DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    p.add_argument("--tuning-from", type=Path, metavar="SWEEP_JSON",
+                   help="no timing: write data/tuning/<gpu>-tma.json from a --sweep results file")
     args = p.parse_args(argv)
+    if args.tuning_from:
+        print(f"wrote {write_tuning(args.tuning_from)}")
+        return 0
     if not torch.cuda.is_available():
         print("bench tma times CUDA kernels inside CUDA graphs: it needs a CUDA GPU")
         return 2

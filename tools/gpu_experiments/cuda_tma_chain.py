@@ -10,7 +10,7 @@ import torch
 
 from labkit import tuning
 from labkit.config import PRESETS
-from labkit.cuda import TmaConfig, tma_linear
+from labkit.cuda import config_from_repr, tma_linear
 from labkit.model import empty_model
 from labkit.ops.linear import LinearWorkspace, linear
 from labkit.timing import measure
@@ -31,10 +31,10 @@ def chain_shapes(preset):
 best = {}
 if len(sys.argv) > 1:
     for r in json.load(open(sys.argv[1]))["results"]:
-        if r["impl"] == "cuda-tma" and not r["error"] and r["config"] != "default":
+        if r["impl"] == "cuda-tma" and not r["error"]:
             key = (r["n"], r["k"], r["batch"])
             if key not in best or r["us"] < best[key][0]:
-                best[key] = (r["us"], eval(r["config"], {"TmaConfig": TmaConfig}))
+                best[key] = (r["us"], config_from_repr(r["config"]))
 
 dev = "cuda"
 for preset in ("lfm2-350m", "qwen3.5-0.8b"):
@@ -66,5 +66,5 @@ for preset in ("lfm2-350m", "qwen3.5-0.8b"):
                       f"{ms:7.3f} ms  {nbytes / ms / 1e9:6.2f} TB/s")
             except Exception as exc:
                 print(f"{preset:>13} B={batch:<2} {name:<26} FAILED {type(exc).__name__}: {str(exc)[:300]}")
-    del weights
+    weights = xs = outs = None  # freed before the next preset
     torch.cuda.empty_cache()
