@@ -51,6 +51,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <map>
+#include <tuple>
+#include <utility>
+
 namespace {
 
 constexpr int kConsumerWarps = 4;
@@ -408,14 +412,28 @@ int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long 
   void (*kernel)(const CUtensorMap, const CUtensorMap, const Params) =
       batch <= 8 ? tma_gemv_kernel<1> : tma_gemv_kernel<2>;
   const int smem = labkit_tma_gemv_smem_bytes(block_n, block_k, stages, batch);
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: shared memory limit (too many stages?)", e);
-  int device = 0, sms = 0, per_sm = 0;
-  cudaGetDevice(&device);
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: cudaGetDevice", e);
+  // Raising the shared-memory limit and asking the occupancy are done once per (device, kernel,
+  // size), so that launches captured into a CUDA graph make no such calls.
+  const int nt = batch <= 8 ? 0 : 1;
+  static std::map<std::pair<int, int>, int> smem_limit;       // (device, nt) -> limit set so far
+  static std::map<std::tuple<int, int, int>, int> resident;  // (device, nt, smem) -> blocks per SM
+  int& limit = smem_limit[{device, nt}];
+  if (smem > limit) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: shared memory limit (too many stages?)", e);
+    limit = smem;
+  }
+  int& per_sm = resident[{device, nt, smem}];
+  if (per_sm == 0) {
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+    if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: occupancy", e);
+    if (per_sm < 1) return fail(err, err_len, "tma_gemv: a block of this configuration does not fit on an SM");
+  }
+  int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-  if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: occupancy", e);
-  if (per_sm < 1) return fail(err, err_len, "tma_gemv: a block of this configuration does not fit on an SM");
   int grid = sms * per_sm;
   if (max_blocks > 0 && max_blocks < grid) grid = max_blocks;
   if (grid > p.items) grid = p.items;
