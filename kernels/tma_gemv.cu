@@ -1,6 +1,8 @@
 // TMA weight-streaming GEMV for decode: y[b, n] = sum_k x[b, k] * W[n, k]  (+ r[b, n])
+//   or, with the SwiGLU epilogue and W = [W_g; W_u] (2N rows):
+//   y[b, n] = silu(g) * u,  g = bf16(sum_k x[b, k] W_g[n, k]),  u = bf16(sum_k x[b, k] W_u[n, k])
 //
-//   x [B, K] bf16 (B = 1..16, row stride x_stride), W [N, K] bf16 (row stride w_stride), unit column
+//   x [B, K] bf16 (B = 1..16, row stride x_stride), W bf16 (row stride w_stride), unit column
 //   strides, optional residual r [B, N] bf16; float32 accumulation, one rounding to bf16 at the end
 //   (the residual is added in float32 before that rounding).
 //
@@ -66,7 +68,7 @@ constexpr int kMaxStages = 32;
 struct Params {
   const __nv_bfloat16* residual;  // [B, N] contiguous, or null
   __nv_bfloat16* out;             // [B, N] contiguous
-  float* partials;                // [split_k, B, N] when split_k > 1
+  float* partials;                // [split_k, B, R * N] when split_k > 1 (R = 2 with SwiGLU)
   int* counters;                  // [row tiles], zero between launches
   int batch, n, k;
   int block_n, block_k, stages, split_k;
@@ -144,7 +146,14 @@ __device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float finish(const Params& p, float acc, int b, int n) {
+// y for output (b, n) from its float32 sums: + residual, or silu(gate) * up with gate and up rounded
+// to bf16 first (as two separate projections would have stored them)
+template <bool SWIGLU>
+__device__ __forceinline__ float finish(const Params& p, float acc, float up, int b, int n) {
+  if (SWIGLU) {
+    const float gate = __bfloat162float(__float2bfloat16(acc));
+    return gate / (1.f + __expf(-gate)) * __bfloat162float(__float2bfloat16(up));
+  }
   if (p.residual != nullptr) acc += __bfloat162float(p.residual[(long long)b * p.n + n]);
   return acc;
 }
@@ -159,16 +168,20 @@ __device__ __forceinline__ void item_k_range(const Params& p, int item, int& til
 
 // NT: batch tiles of 8 (1: B <= 8, 2: B <= 16). The x box has B rows; the stage's rows B..8*NT-1
 // hold stale data, which reaches only the mma output columns b >= B, never stored.
-template <int NT>
+// SWIGLU: W is [W_gate; W_up] (2N rows); a stage holds the gate box (rows n0..) and the up box
+// (rows N + n0..), both multiplied by the same x box.
+template <int NT, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     tma_gemv_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                     const Params p) {
+  constexpr int R = SWIGLU ? 2 : 1;  // row blocks of W per output
   extern __shared__ __align__(128) unsigned char smem[];
-  const int w_bytes = p.block_n * p.block_k * 2;
+  const int w_box = p.block_n * p.block_k * 2;
+  const int w_bytes = R * w_box;
   const int stage_bytes = w_bytes + 8 * NT * p.block_k * 2;  // room for x rows up to the batch tile
-  const int tx_bytes = w_bytes + p.batch * p.block_k * 2;    // what the two copies bring
+  const int tx_bytes = w_bytes + p.batch * p.block_k * 2;    // what the copies bring
   float* scratch = reinterpret_cast<float*>(smem + p.stages * stage_bytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(scratch + kScratchFloats);
+  uint64_t* full = reinterpret_cast<uint64_t*>(scratch + R * kScratchFloats);
   uint64_t* empty = full + p.stages;
   int* last_flag = reinterpret_cast<int*>(empty + p.stages);
 
@@ -194,8 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int item = blockIdx.x; item < p.items && ahead < p.stages; item += gridDim.x) {
         item_k_range(p, item, tile, split, kt0, kt1);
         for (int kt = kt0; kt < kt1 && ahead < p.stages; ++kt, ++ahead) {
+          unsigned char* stage = smem + ahead * stage_bytes;
           mbar_arrive_expect_tx(&full[ahead], tx_bytes);
-          tma_load_box(smem + ahead * stage_bytes, &w_map, kt * p.block_k, tile * p.block_n, &full[ahead]);
+          tma_load_box(stage, &w_map, kt * p.block_k, tile * p.block_n, &full[ahead]);
+          if (SWIGLU) tma_load_box(stage + w_box, &w_map, kt * p.block_k, p.n + tile * p.block_n, &full[ahead]);
         }
       }
       wait_previous_grid();
@@ -209,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
             mbar_arrive_expect_tx(&full[s], tx_bytes);
             tma_load_box(stage, &w_map, kt * p.block_k, tile * p.block_n, &full[s]);
+            if (SWIGLU) tma_load_box(stage + w_box, &w_map, kt * p.block_k, p.n + tile * p.block_n, &full[s]);
           }
           tma_load_box(stage + w_bytes, &x_map, kt * p.block_k, 0, &full[s]);
         }
@@ -225,60 +241,74 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int tid = threadIdx.x;  // 0..127 among consumers
   const int col0 = slice * slice_cols + 8 * t;
+  const int rows_w = R * p.n;  // partials per batch row
   int i = 0;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
     int tile, split, kt0, kt1;
     item_k_range(p, item, tile, split, kt0, kt1);
-    float acc[NT][4];
+    float acc[R][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
 
     for (int kt = kt0; kt < kt1; ++kt, ++i) {
       const int s = i % p.stages;
       mbar_wait(&full[s], (i / p.stages) & 1);
-      const __nv_bfloat16* w_box = reinterpret_cast<const __nv_bfloat16*>(smem + s * stage_bytes);
-      const __nv_bfloat16* x_box = reinterpret_cast<const __nv_bfloat16*>(smem + s * stage_bytes + w_bytes);
-      const __nv_bfloat16* row_lo = w_box + (slab * 16 + g) * p.block_k + col0;
-      const __nv_bfloat16* row_hi = row_lo + 8 * p.block_k;
-      const __nv_bfloat16* x_row = x_box + g * p.block_k + col0;
+      const unsigned char* stage = smem + s * stage_bytes;
+      const __nv_bfloat16* x_row = reinterpret_cast<const __nv_bfloat16*>(stage + w_bytes) + g * p.block_k + col0;
 #pragma unroll 2
       for (int c = 0; c < slice_cols; c += 32) {
-        const uint4 a_lo = *reinterpret_cast<const uint4*>(row_lo + c);
-        const uint4 a_hi = *reinterpret_cast<const uint4*>(row_hi + c);
+        uint4 xb[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint4 xb = *reinterpret_cast<const uint4*>(x_row + j * 8 * p.block_k + c);
-          mma_bf16(acc[j], a_lo.x, a_hi.x, a_lo.y, a_hi.y, xb.x, xb.y);
-          mma_bf16(acc[j], a_lo.z, a_hi.z, a_lo.w, a_hi.w, xb.z, xb.w);
+        for (int j = 0; j < NT; ++j) xb[j] = *reinterpret_cast<const uint4*>(x_row + j * 8 * p.block_k + c);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const __nv_bfloat16* row_lo =
+              reinterpret_cast<const __nv_bfloat16*>(stage + r * w_box) + (slab * 16 + g) * p.block_k + col0 + c;
+          const uint4 a_lo = *reinterpret_cast<const uint4*>(row_lo);
+          const uint4 a_hi = *reinterpret_cast<const uint4*>(row_lo + 8 * p.block_k);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            mma_bf16(acc[r][j], a_lo.x, a_hi.x, a_lo.y, a_hi.y, xb[j].x, xb[j].y);
+            mma_bf16(acc[r][j], a_lo.z, a_hi.z, a_lo.w, a_hi.w, xb[j].z, xb[j].w);
+          }
         }
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
     }
 
-    // ---- item end: sum the column slices, then store y (+ r) or a partial ----
+    // ---- item end: sum the column slices, then store y or a partial ----
     consumers_sync();  // the previous item's epilogue has read the scratch
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int row = slab * 16 + g, b = j * 8 + 2 * t;
-      float* dst = scratch + (slice * p.block_n + row) * kMaxBatch + b;
-      dst[0] = acc[j][0];
-      dst[1] = acc[j][1];
-      dst[8 * kMaxBatch] = acc[j][2];  // row + 8
-      dst[8 * kMaxBatch + 1] = acc[j][3];
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int row = slab * 16 + g, b = j * 8 + 2 * t;
+        float* dst = scratch + r * kScratchFloats + (slice * p.block_n + row) * kMaxBatch + b;
+        dst[0] = acc[r][j][0];
+        dst[1] = acc[r][j][1];
+        dst[8 * kMaxBatch] = acc[r][j][2];  // row + 8
+        dst[8 * kMaxBatch + 1] = acc[r][j][3];
+      }
     consumers_sync();
     const int n0 = tile * p.block_n;
     const int outputs = p.block_n * p.batch;
     for (int idx = tid; idx < outputs; idx += kConsumerWarps * 32) {
       const int row = idx % p.block_n, b = idx / p.block_n, n = n0 + row;
       if (n >= p.n) continue;
-      float sum = 0.f;
-      for (int sl = 0; sl < slices; ++sl) sum += scratch[(sl * p.block_n + row) * kMaxBatch + b];
+      float sum[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        sum[r] = 0.f;
+        for (int sl = 0; sl < slices; ++sl) sum[r] += scratch[r * kScratchFloats + (sl * p.block_n + row) * kMaxBatch + b];
+      }
       if (p.split_k == 1) {
-        p.out[(long long)b * p.n + n] = __float2bfloat16(finish(p, sum, b, n));
+        p.out[(long long)b * p.n + n] = __float2bfloat16(finish<SWIGLU>(p, sum[0], sum[R - 1], b, n));
       } else {
-        p.partials[((long long)split * p.batch + b) * p.n + n] = sum;
+#pragma unroll
+        for (int r = 0; r < R; ++r) p.partials[((long long)split * p.batch + b) * rows_w + r * p.n + n] = sum[r];
       }
     }
     if (p.split_k > 1) {
@@ -295,9 +325,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int idx = tid; idx < outputs; idx += kConsumerWarps * 32) {
           const int row = idx % p.block_n, b = idx / p.block_n, n = n0 + row;
           if (n >= p.n) continue;
-          float sum = 0.f;
-          for (int sp = 0; sp < p.split_k; ++sp) sum += __ldcg(&p.partials[((long long)sp * p.batch + b) * p.n + n]);
-          p.out[(long long)b * p.n + n] = __float2bfloat16(finish(p, sum, b, n));
+          float sum[R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            sum[r] = 0.f;
+            for (int sp = 0; sp < p.split_k; ++sp)
+              sum[r] += __ldcg(&p.partials[((long long)sp * p.batch + b) * rows_w + r * p.n + n]);
+          }
+          p.out[(long long)b * p.n + n] = __float2bfloat16(finish<SWIGLU>(p, sum[0], sum[R - 1], b, n));
         }
       }
     }
@@ -352,16 +387,18 @@ extern "C" {
 
 // Dynamic shared memory of one block: stages (a W box and an x box each), the slice scratch, the
 // barriers and a flag.
-int labkit_tma_gemv_smem_bytes(int block_n, int block_k, int stages, int batch) {
-  const int x_rows = batch <= 8 ? 8 : 16;
-  return stages * (block_n + x_rows) * block_k * 2 + kScratchFloats * 4 + 2 * stages * 8 + 16;
+int labkit_tma_gemv_smem_bytes(int block_n, int block_k, int stages, int batch, int swiglu) {
+  const int x_rows = batch <= 8 ? 8 : 16, row_blocks = swiglu ? 2 : 1;
+  return stages * (row_blocks * block_n + x_rows) * block_k * 2 + row_blocks * kScratchFloats * 4 + 2 * stages * 8 + 16;
 }
 
-// y = x W^T (+ residual) on `stream`; returns 0, or 1 with a message in err.
+// y = x W^T (+ residual), or with swiglu (W [2N, K]) silu(x W_gate^T) * (x W_up^T), on `stream`;
+// returns 0, or 1 with a message in err. n: outputs per row. partials: [split_k, batch, (1 or 2) n].
 // max_blocks: grid cap (0: as many blocks as fit on the device at once).
 int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long w_stride, const void* residual,
-                    void* out, float* partials, int* counters, int batch, int n, int k, int block_n, int block_k,
-                    int stages, int split_k, int max_blocks, int pdl, void* stream, char* err, int err_len) {
+                    void* out, float* partials, int* counters, int batch, int n, int k, int swiglu, int block_n,
+                    int block_k, int stages, int split_k, int max_blocks, int pdl, void* stream, char* err,
+                    int err_len) {
   if (batch < 1 || batch > kMaxBatch) return fail(err, err_len, "tma_gemv: batch must be 1..16");
   if (n < 1 || k < 1) return fail(err, err_len, "tma_gemv: N and K must be positive");
   if (k % 8) return fail(err, err_len, "tma_gemv: K must be a multiple of 8 (TMA needs 16-byte row strides)");
@@ -380,13 +417,14 @@ int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long 
   const int per_split = (k_tiles + split_k - 1) / split_k;
   if ((split_k - 1) * per_split >= k_tiles)
     return fail(err, err_len, "tma_gemv: split_k leaves a split without K tiles; choose a smaller one");
+  if (swiglu && residual != nullptr) return fail(err, err_len, "tma_gemv: swiglu has no residual epilogue");
   if (split_k > 1 && (partials == nullptr || counters == nullptr))
     return fail(err, err_len, "tma_gemv: split_k > 1 needs a partials and a counters workspace");
 
   PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return fail(err, err_len, "tma_gemv: the driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
   CUtensorMap w_map, x_map;
-  CUresult r = encode_2d(&w_map, w, n, k, w_stride, block_n, block_k);
+  CUresult r = encode_2d(&w_map, w, swiglu ? 2LL * n : n, k, w_stride, block_n, block_k);
   if (r == CUDA_SUCCESS) r = encode_2d(&x_map, x, batch, k, x_stride, batch, block_k);
   if (r != CUDA_SUCCESS) {
     if (err != nullptr && err_len > 0) snprintf(err, err_len, "tma_gemv: cuTensorMapEncodeTiled failed (CUresult %d)", (int)r);
@@ -410,16 +448,17 @@ int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long 
   p.items = ((n + block_n - 1) / block_n) * split_k;
 
   void (*kernel)(const CUtensorMap, const CUtensorMap, const Params) =
-      batch <= 8 ? tma_gemv_kernel<1> : tma_gemv_kernel<2>;
-  const int smem = labkit_tma_gemv_smem_bytes(block_n, block_k, stages, batch);
+      batch <= 8 ? (swiglu ? tma_gemv_kernel<1, true> : tma_gemv_kernel<1, false>)
+                 : (swiglu ? tma_gemv_kernel<2, true> : tma_gemv_kernel<2, false>);
+  const int smem = labkit_tma_gemv_smem_bytes(block_n, block_k, stages, batch, swiglu);
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: cudaGetDevice", e);
   // Raising the shared-memory limit and asking the occupancy are done once per (device, kernel,
   // size), so that launches captured into a CUDA graph make no such calls.
-  const int nt = batch <= 8 ? 0 : 1;
-  static std::map<std::pair<int, int>, int> smem_limit;       // (device, nt) -> limit set so far
-  static std::map<std::tuple<int, int, int>, int> resident;  // (device, nt, smem) -> blocks per SM
+  const int nt = (batch <= 8 ? 0 : 1) + (swiglu ? 2 : 0);  // which instantiation
+  static std::map<std::pair<int, int>, int> smem_limit;       // (device, kernel) -> limit set so far
+  static std::map<std::tuple<int, int, int>, int> resident;  // (device, kernel, smem) -> blocks per SM
   int& limit = smem_limit[{device, nt}];
   if (smem > limit) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -14,8 +14,8 @@ Kernels (the maths and the pipeline are stated at the top of each source):
 
 - ``tma_gemv.cu``: the decode projection as a weight stream through the tensor memory accelerator
   (TMA): ``y[b, n] = sum_k x[b, k] W[n, k]`` (+ ``r[b, n]``), bf16 in, float32 accumulation, bf16
-  out, batch 1-16. The reference is :func:`labkit.ops.linear.linear_ref`. Fused: the residual
-  epilogue only (the RMSNorm prologue and the SwiGLU / short-conv epilogues of
+  out, batch 1-16. The reference is :func:`labkit.ops.linear.linear_ref`. Fused: the residual and
+  the SwiGLU epilogues (the RMSNorm prologue and the short-conv and argmax epilogues of
   :mod:`labkit.ops.linear` are not ported yet).
 """
 
@@ -297,19 +297,24 @@ def _workspace(device: torch.device, partials: int, counters: int) -> tuple[torc
 
 
 def check_tma_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-                   out: torch.Tensor | None) -> None:
-    """Everything :func:`tma_linear` needs of its tensors, checked before any build or launch."""
+                   out: torch.Tensor | None, swiglu: bool = False) -> int:
+    """Everything :func:`tma_linear` needs of its tensors, checked before any build or launch;
+    returns N, the outputs per row."""
     check_tensor("weight", weight, dtype=torch.bfloat16, contiguous=False, aligned=False)
     check_tensor("x", x, dtype=torch.bfloat16, contiguous=False, aligned=False)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
-    n, k = weight.shape
+    rows, k = weight.shape
+    if swiglu and (rows % 2 or residual is not None):
+        raise ValueError(f"swiglu takes a weight that stacks gate over up (an even row count, got {rows}) "
+                         "and no residual")
+    n = rows // 2 if swiglu else rows
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must have shape [B, {k}] for a weight of shape {list(weight.shape)}, got {list(x.shape)}")
     batch = x.shape[0]
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"tma_linear takes a batch of 1..{MAX_BATCH} rows (decode), got {batch}")
-    if n < 1 or k < 1:
+    if rows < 1 or k < 1:
         raise ValueError(f"weight must have at least one row and column, got {list(weight.shape)}")
     if k % 8:
         raise ValueError(f"K must be a multiple of 8 for TMA (its row stride must be a multiple of 16 bytes), got K={k}")
@@ -334,11 +339,12 @@ def check_tma_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
     check_no_overlap([("x", x, "out", out), ("weight", weight, "out", out)])
     if residual is not None and out is not None and out.data_ptr() != residual.data_ptr():
         check_no_overlap([("residual", residual, "out", out)])
+    return n
 
 
-def fits(config: TmaConfig, batch: int, device: torch.device | str | int | None = None) -> bool:
+def fits(config: TmaConfig, batch: int, device: torch.device | str | int | None = None, swiglu: bool = False) -> bool:
     """Whether a block of ``config`` fits in one SM's shared memory on ``device`` (builds the extension)."""
-    need = load(device).tma_gemv_smem_bytes(config.block_n, config.block_k, config.stages, batch)
+    need = load(device).tma_gemv_smem_bytes(config.block_n, config.block_k, config.stages, batch, int(swiglu))
     return need <= torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
@@ -348,17 +354,19 @@ def tma_linear(
     residual: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    swiglu: bool = False,
     config: TmaConfig | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
     """``x @ weight^T`` (``+ residual``) for x [B, K] (B = 1..16), weight [N, K], bf16, through the
-    TMA weight stream of ``kernels/tma_gemv.cu``; same function as
-    :func:`labkit.ops.linear.linear_ref` with ``residual`` (the residual is added before the one
-    rounding to bf16). ``out`` [B, N] may be ``residual`` itself (in place); ``pdl``: launch with
-    programmatic dependent launch (the weight stream starts before the previous kernel ends; the
-    kernel reads x and the residual only after it)."""
-    check_tma_args(x, weight, residual, out)
-    (n, k), batch = weight.shape, x.shape[0]
+    TMA weight stream of ``kernels/tma_gemv.cu``; with ``swiglu``, ``silu(x W_g^T) * (x W_u^T)``
+    for ``weight = [W_g; W_u]`` [2N, K]. Same function as :func:`labkit.ops.linear.linear_ref`
+    with ``residual`` or ``swiglu`` (the residual is added before the one rounding to bf16).
+    ``out`` [B, N] may be ``residual`` itself (in place); ``pdl``: launch with programmatic
+    dependent launch (the weight stream starts before the previous kernel ends; the kernel reads x
+    and the residual only after it)."""
+    n = check_tma_args(x, weight, residual, out, swiglu)
+    k, batch = weight.shape[1], x.shape[0]
     cfg = config or tma_config(batch, n, k, weight.device)
     if not isinstance(cfg, TmaConfig):
         raise TypeError(f"config must be a TmaConfig, got {type(cfg).__name__}")
@@ -368,12 +376,13 @@ def tma_linear(
     split = cfg.splits(n, k, _sms(weight.device.index))
     partials = counters = None
     if split > 1:
-        partials, counters = _workspace(weight.device, split * batch * n, cdiv(n, cfg.block_n))
+        partials, counters = _workspace(weight.device, split * batch * n * (2 if swiglu else 1), cdiv(n, cfg.block_n))
     stream = torch.cuda.current_stream(weight.device).cuda_stream
     ext.tma_gemv(  # a single row's stride is never used: K stands in for whatever it is
-        x.data_ptr(), x.stride(0) if batch > 1 else k, weight.data_ptr(), weight.stride(0) if n > 1 else k,
+        x.data_ptr(), x.stride(0) if batch > 1 else k,
+        weight.data_ptr(), weight.stride(0) if weight.shape[0] > 1 else k,
         residual.data_ptr() if residual is not None else 0, out.data_ptr(),
         partials.data_ptr() if partials is not None else 0, counters.data_ptr() if counters is not None else 0,
-        batch, n, k, cfg.block_n, cfg.block_k, cfg.stages, split, cfg.max_blocks, bool(pdl), stream,
+        batch, n, k, bool(swiglu), cfg.block_n, cfg.block_k, cfg.stages, split, cfg.max_blocks, bool(pdl), stream,
     )
     return out

@@ -75,10 +75,16 @@ def test_bad_arguments_are_clear_errors(make, message):
         cuda.tma_linear(x, w)
 
 
-def test_bad_residual_and_config():
+def test_bad_residual_swiglu_and_config():
     x, w = _bf16(3, 64), _bf16(32, 64)
     with pytest.raises(ValueError, match=r"residual must have shape \[3, 32\]"):
         cuda.tma_linear(x, w, _bf16(3, 31))
+    with pytest.raises(ValueError, match="even row count"):
+        cuda.tma_linear(x, _bf16(33, 64), swiglu=True)
+    with pytest.raises(ValueError, match="no residual"):
+        cuda.tma_linear(x, w, _bf16(3, 16), swiglu=True)
+    with pytest.raises(ValueError, match=r"out must have shape \[3, 16\]"):  # swiglu: N / 2 outputs
+        cuda.tma_linear(x, w, out=_bf16(3, 32), swiglu=True)
     for bad in (dict(block_n=8), dict(block_k=512), dict(block_n=16, block_k=64), dict(stages=0)):
         with pytest.raises(ValueError, match="TmaConfig"):
             cuda.TmaConfig(**bad)

@@ -11,7 +11,10 @@ matmul alone, no norm or epilogue, so the three compute one function), three imp
   or each config of the sweep;
 - ``"triton"``: :func:`labkit.ops.linear.linear` with the configuration the fused backend uses on
   this GPU (:mod:`labkit.tuning`);
-- ``"cublas"``: ``torch.mm(x, W^T)``.
+- ``"cublas"``: ``torch.mm(x, W^T)``;
+
+and for the stacked gate/up shapes also ``"cuda-tma+swiglu"`` and ``"triton+swiglu"``: the same
+stream with the SwiGLU epilogue fused (N / 2 outputs), as the decode step runs that projection.
 
 Each is first checked against :func:`labkit.ops.linear.linear_ref` on its output poisoned with NaN
 (a relative error above ``MAX_REL_ERR`` is recorded as a failure and not timed), then timed by
@@ -93,19 +96,22 @@ def sweep_configs(batch: int = 16):
 
 
 def _runner(impl: str, x: torch.Tensor, n: int, config=None):
-    """``run(w, y)``: y = x w^T by ``impl``, into y."""
+    """``run(w, y)``: y = x w^T by ``impl``, into y; ``<impl>+swiglu``: y = silu(x W_g^T) * x W_u^T
+    for w = [W_g; W_u] (N / 2 outputs)."""
     from .. import tuning
     from ..cuda import tma_config, tma_linear
     from ..ops.linear import LinearWorkspace, linear
 
     batch, k = x.shape
+    impl, swiglu = impl.removesuffix("+swiglu"), impl.endswith("+swiglu")
     if impl == "cuda-tma":
         config = config or tma_config(batch, n, k, x.device)  # the tuned table's, else the default
-        return lambda w, y: tma_linear(x, w, out=y, config=config), repr(config)
+        return lambda w, y: tma_linear(x, w, out=y, swiglu=swiglu, config=config), repr(config)
     if impl == "triton":
-        cfg = tuning.linear_config(batch, n, k, device=x.device)
-        ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n, cfg), x.device)
-        return lambda w, y: linear(x, w, out=y, config=cfg, workspace=ws), repr(cfg)
+        blocks = 2 if swiglu else 1
+        cfg = tuning.linear_config(batch, n // blocks, k, row_blocks=blocks, device=x.device)
+        ws = LinearWorkspace.allocate(*LinearWorkspace.needed(batch, n // blocks, cfg, blocks), x.device)
+        return lambda w, y: linear(x, w, out=y, swiglu=swiglu, config=cfg, workspace=ws), repr(cfg)
     if impl == "cublas":
         return lambda w, y: torch.mm(x, w.t(), out=y), None
     raise ValueError(f"unknown impl {impl!r}: one of cuda-tma, triton, cublas")
@@ -120,15 +126,17 @@ def stream_rate(shape: Shape, batch: int, impl: str, weights: list[torch.Tensor]
     gen = torch.Generator(device=dev).manual_seed(batch)
     x = torch.randn(batch, shape.k, dtype=torch.bfloat16, device=dev, generator=gen)
     row = StreamRow(shape.n, shape.k, shape.where, batch, impl, None, None, shape.nbytes, None, None)
+    swiglu = impl.endswith("+swiglu")
+    outputs = shape.n // 2 if swiglu else shape.n
     try:
         run, row.config = _runner(impl, x, shape.n, config)
-        y = torch.full((batch, shape.n), float("nan"), dtype=torch.bfloat16, device=dev)
+        y = torch.full((batch, outputs), float("nan"), dtype=torch.bfloat16, device=dev)
         run(weights[0], y)
-        row.rel_err = rel_err(y, linear_ref(x, weights[0]))
+        row.rel_err = rel_err(y, linear_ref(x, weights[0], swiglu=swiglu))
         if not row.rel_err <= MAX_REL_ERR:
             row.error = f"wrong result: relative error {row.rel_err:.3g} > {MAX_REL_ERR}"
             return row
-        outs = [torch.empty(batch, shape.n, dtype=torch.bfloat16, device=dev) for _ in weights]
+        outs = [torch.empty(batch, outputs, dtype=torch.bfloat16, device=dev) for _ in weights]
         calls = [lambda w=w, o=o: run(w, o) for w, o in zip(weights, outs)]
         row.us = measure(calls, device=dev, graph=True, warmup=2, repeats=repeats).us
         row.gb_per_s = shape.nbytes / (row.us * 1e-6) / 1e9
@@ -148,6 +156,8 @@ def bench_tma(batches=(1, 16), impls=("cuda-tma", "triton", "cublas"), configs=N
         weights = [first] + [first.clone() for _ in range(cold_l2_copies(shape.nbytes, dev) - 1)]
         for batch in batches:
             runs = [(impl, None) for impl in impls] + [("cuda-tma", c) for c in (configs or [])]
+            if "swiglu" in shape.where and not configs:  # the fused MLP projection as the step runs it
+                runs += [(impl + "+swiglu", None) for impl in impls if impl != "cublas"]
             for impl, cfg in runs:
                 row = stream_rate(shape, batch, impl, weights, cfg, repeats)
                 rows.append(row)
@@ -158,7 +168,7 @@ def bench_tma(batches=(1, 16), impls=("cuda-tma", "triton", "cublas"), configs=N
 
 
 def _format(r: StreamRow) -> str:
-    head = f"N={r.n:<6} K={r.k:<5} B={r.batch:<2} {r.impl:<8} {r.config or '':<70}"
+    head = f"N={r.n:<6} K={r.k:<5} B={r.batch:<2} {r.impl:<15} {r.config or '':<70}"
     if r.error:
         return f"{head} FAILED {r.error}"
     return f"{head} {r.us:8.2f} us {r.gb_per_s:7.0f} GB/s  err {r.rel_err:.1e}"

@@ -1,5 +1,5 @@
-"""The CUDA TMA GEMV (kernels/tma_gemv.cu via labkit.cuda.tma_linear) against
-labkit.ops.linear.linear_ref: irregular shapes (N not a multiple of any tile, K a multiple of 8 as
+"""The CUDA TMA GEMV (kernels/tma_gemv.cu via labkit.cuda.tma_linear), plain, with the residual and
+with the SwiGLU epilogue, against labkit.ops.linear.linear_ref: irregular shapes (N not a multiple of any tile, K a multiple of 8 as
 TMA requires, K not a multiple of the box), batch 1, 3, 16, several blockings and K splits, and
 every projection shape of both real presets. Outputs are poisoned with NaN first."""
 
@@ -48,11 +48,32 @@ def test_irregular_shapes(n, k, batch, config):
     assert torch.equal(first, again)
 
 
+@pytest.mark.parametrize("n, k", [(37, 264), (1001, 1032)])  # n outputs: W is [2n, k]
+@pytest.mark.parametrize("batch", [1, 3, 16])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "default" if c is None else repr(c)[10:])
+def test_swiglu_epilogue(n, k, batch, config):
+    x, w, _ = _operands(batch, 2 * n, k, residual=False)
+    if config is not None and not cuda.fits(config, batch, swiglu=True):
+        with pytest.raises(RuntimeError, match="shared memory"):
+            cuda.tma_linear(x, w, swiglu=True, config=config)
+        return
+    _check_swiglu(x, w, config)
+
+
+def _check_swiglu(x, w, config=None):
+    out = torch.full((x.shape[0], w.shape[0] // 2), float("nan"), dtype=torch.bfloat16, device="cuda")
+    cuda.tma_linear(x, w, out=out, swiglu=True, config=config)
+    err = rel_err(out, linear_ref(x, w, swiglu=True))
+    assert err < TOL, f"swiglu: relative error {err:.3g} for x {list(x.shape)}, W {list(w.shape)}, {config}"
+
+
 @pytest.mark.parametrize("batch", [1, 3, 16])
 def test_real_projection_shapes(batch):
     for shape in projection_shapes():
         x, w, r = _operands(batch, shape.n, shape.k, residual="residual" in shape.where, seed=shape.n)
         _check(x, w, r)
+        if "swiglu" in shape.where:
+            _check_swiglu(x, w)
 
 
 def test_strided_weight_in_place_residual_and_pdl():

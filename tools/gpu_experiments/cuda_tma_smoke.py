@@ -30,4 +30,20 @@ for n, k, b in [(64, 256, 1), (1001, 1032, 3), (1024, 4608, 16), (65536, 1024, 1
         ok = err < 1e-2
         bad += not ok
         print(f"N={n} K={k} B={b} {cfg}: rel err {err:.2e} {'ok' if ok else 'WRONG'} ({(time.perf_counter() - t0) * 1e3:.1f} ms)")
+for n, k, b in [(1001, 1032, 3), (4608, 1024, 16)]:  # SwiGLU: W [2n, k]
+    x = torch.randn(b, k, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(2 * n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+    ref = linear_ref(x, w, swiglu=True)
+    for cfg in [None, cuda.TmaConfig(16, 128, 2), cuda.TmaConfig(32, 64, 3, split_k=2)]:
+        out = torch.full_like(ref, float("nan"))
+        try:
+            cuda.tma_linear(x, w, out=out, swiglu=True, config=cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            print(f"swiglu N={n} K={k} B={b} {cfg}: ERROR {type(exc).__name__}: {exc}")
+            bad += 1
+            continue
+        err = rel_err(out, ref)
+        bad += not err < 1e-2
+        print(f"swiglu N={n} K={k} B={b} {cfg}: rel err {err:.2e} {'ok' if err < 1e-2 else 'WRONG'}")
 sys.exit(1 if bad else 0)
