@@ -2,6 +2,9 @@
 //   or, with the SwiGLU epilogue and W = [W_g; W_u] (2N rows):
 //   y[b, n] = silu(g) * u,  g = bf16(sum_k x[b, k] W_g[n, k]),  u = bf16(sum_k x[b, k] W_u[n, k])
 //
+//   and with the RMSNorm prologue, x is replaced by  xn[b, k] = bf16(x[b, k] * rstd[b] * (w[k] + o)),
+//   rstd[b] = 1 / sqrt(mean_k x[b, k]^2 + eps), o = 1 for a (1 + w) weight else 0.
+//
 //   x [B, K] bf16 (B = 1..16, row stride x_stride), W bf16 (row stride w_stride), unit column
 //   strides, optional residual r [B, N] bf16; float32 accumulation, one rounding to bf16 at the end
 //   (the residual is added in float32 before that rounding).
@@ -66,6 +69,11 @@ constexpr int kScratchFloats = 64 * kMaxBatch;  // [k slices][block_n rows][16]:
 constexpr int kMaxStages = 32;
 
 struct Params {
+  const __nv_bfloat16* x;         // [B, K], row stride x_stride: read directly only for the norm's statistics
+  long long x_stride;
+  const __nv_bfloat16* norm_w;    // [K] RMSNorm weight (NORM kernels)
+  float norm_eps;
+  float norm_offset;              // 1 for a (1 + w) weight, else 0
   const __nv_bfloat16* residual;  // [B, N] contiguous, or null
   __nv_bfloat16* out;             // [B, N] contiguous
   float* partials;                // [split_k, B, R * N] when split_k > 1 (R = 2 with SwiGLU)
@@ -146,6 +154,44 @@ __device__ __forceinline__ void mma_bf16(float* d, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// RMSNorm prologue: 1 / sqrt(mean_k x[b, k]^2 + eps) for each batch row, into rstd[0..B), by the
+// consumer warps (one row per warp at a time, 16-byte loads, a warp reduction)
+__device__ __forceinline__ void row_rstd(const Params& p, float* rstd, int warp, int lane) {
+  for (int b = warp; b < p.batch; b += kConsumerWarps) {
+    const __nv_bfloat16* row = p.x + (long long)b * p.x_stride;
+    float sum = 0.f;
+    for (int k = 8 * lane; k < p.k; k += 8 * 32) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + k));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[q]));
+        sum += f.x * f.x + f.y * f.y;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) rstd[b] = rsqrtf(sum / p.k + p.norm_eps);
+  }
+}
+
+// 8 x values of one row (a 16-byte vector) normalised: bf16(x * rstd * (w + offset)), w at column k
+__device__ __forceinline__ uint4 normalise8(const Params& p, uint4 v, float rstd, int k) {
+  if (k >= p.k) return v;  // past K: x is zero there (TMA's fill), and so stays
+  const uint4 wv = __ldg(reinterpret_cast<const uint4*>(p.norm_w + k));
+  uint32_t xs[4] = {v.x, v.y, v.z, v.w};
+  const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 xf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xs[q]));
+    const float2 wf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[q]));
+    const __nv_bfloat162 r =
+        __floats2bfloat162_rn(xf.x * rstd * (wf.x + p.norm_offset), xf.y * rstd * (wf.y + p.norm_offset));
+    xs[q] = *reinterpret_cast<const uint32_t*>(&r);
+  }
+  return make_uint4(xs[0], xs[1], xs[2], xs[3]);
+}
+
 // y for output (b, n) from its float32 sums: + residual, or silu(gate) * up with gate and up rounded
 // to bf16 first (as two separate projections would have stored them)
 template <bool SWIGLU>
@@ -170,7 +216,9 @@ __device__ __forceinline__ void item_k_range(const Params& p, int item, int& til
 // hold stale data, which reaches only the mma output columns b >= B, never stored.
 // SWIGLU: W is [W_gate; W_up] (2N rows); a stage holds the gate box (rows n0..) and the up box
 // (rows N + n0..), both multiplied by the same x box.
-template <int NT, bool SWIGLU>
+// NORM: x is RMS-normalised on the way from the x box to the mma (statistics taken first from x in
+// global memory, by every block), rounded to bf16 as a separate norm would have stored it.
+template <int NT, bool SWIGLU, bool NORM>
 __global__ void __launch_bounds__(kThreads, 1)
     tma_gemv_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                     const Params p) {
@@ -181,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int stage_bytes = w_bytes + 8 * NT * p.block_k * 2;  // room for x rows up to the batch tile
   const int tx_bytes = w_bytes + p.batch * p.block_k * 2;    // what the copies bring
   float* scratch = reinterpret_cast<float*>(smem + p.stages * stage_bytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(scratch + R * kScratchFloats);
+  float* rstd = scratch + R * kScratchFloats;  // [16]: the norm's per-row scale
+  uint64_t* full = reinterpret_cast<uint64_t*>(rstd + kMaxBatch);
   uint64_t* empty = full + p.stages;
   int* last_flag = reinterpret_cast<int*>(empty + p.stages);
 
@@ -242,6 +291,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x;  // 0..127 among consumers
   const int col0 = slice * slice_cols + 8 * t;
   const int rows_w = R * p.n;  // partials per batch row
+  float row_scale[NT];  // rstd of batch rows g and g + 8 (NORM)
+  if (NORM) {
+    row_rstd(p, rstd, warp, lane);
+    consumers_sync();
+#pragma unroll
+    for (int j = 0; j < NT; ++j) row_scale[j] = j * 8 + g < p.batch ? rstd[j * 8 + g] : 0.f;
+  }
   int i = 0;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
     int tile, split, kt0, kt1;
@@ -261,7 +317,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int c = 0; c < slice_cols; c += 32) {
         uint4 xb[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) xb[j] = *reinterpret_cast<const uint4*>(x_row + j * 8 * p.block_k + c);
+        for (int j = 0; j < NT; ++j) {
+          xb[j] = *reinterpret_cast<const uint4*>(x_row + j * 8 * p.block_k + c);
+          if (NORM) xb[j] = normalise8(p, xb[j], row_scale[j], kt * p.block_k + col0 + c);
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const __nv_bfloat16* row_lo =
@@ -389,16 +448,18 @@ extern "C" {
 // barriers and a flag.
 int labkit_tma_gemv_smem_bytes(int block_n, int block_k, int stages, int batch, int swiglu) {
   const int x_rows = batch <= 8 ? 8 : 16, row_blocks = swiglu ? 2 : 1;
-  return stages * (row_blocks * block_n + x_rows) * block_k * 2 + row_blocks * kScratchFloats * 4 + 2 * stages * 8 + 16;
+  return stages * (row_blocks * block_n + x_rows) * block_k * 2 + (row_blocks * kScratchFloats + kMaxBatch) * 4 +
+         2 * stages * 8 + 16;
 }
 
 // y = x W^T (+ residual), or with swiglu (W [2N, K]) silu(x W_gate^T) * (x W_up^T), on `stream`;
-// returns 0, or 1 with a message in err. n: outputs per row. partials: [split_k, batch, (1 or 2) n].
+// with norm_w (bf16 [K]), x is RMS-normalised first: x * rsqrt(mean(x^2) + eps) * (w + norm_offset).
+// Returns 0, or 1 with a message in err. n: outputs per row. partials: [split_k, batch, (1 or 2) n].
 // max_blocks: grid cap (0: as many blocks as fit on the device at once).
 int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long w_stride, const void* residual,
-                    void* out, float* partials, int* counters, int batch, int n, int k, int swiglu, int block_n,
-                    int block_k, int stages, int split_k, int max_blocks, int pdl, void* stream, char* err,
-                    int err_len) {
+                    void* out, float* partials, int* counters, int batch, int n, int k, int swiglu,
+                    const void* norm_w, float norm_eps, float norm_offset, int block_n, int block_k, int stages,
+                    int split_k, int max_blocks, int pdl, void* stream, char* err, int err_len) {
   if (batch < 1 || batch > kMaxBatch) return fail(err, err_len, "tma_gemv: batch must be 1..16");
   if (n < 1 || k < 1) return fail(err, err_len, "tma_gemv: N and K must be positive");
   if (k % 8) return fail(err, err_len, "tma_gemv: K must be a multiple of 8 (TMA needs 16-byte row strides)");
@@ -418,6 +479,7 @@ int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long 
   if ((split_k - 1) * per_split >= k_tiles)
     return fail(err, err_len, "tma_gemv: split_k leaves a split without K tiles; choose a smaller one");
   if (swiglu && residual != nullptr) return fail(err, err_len, "tma_gemv: swiglu has no residual epilogue");
+  if (norm_w != nullptr && !aligned16(norm_w)) return fail(err, err_len, "tma_gemv: the norm weight must start 16-byte aligned");
   if (split_k > 1 && (partials == nullptr || counters == nullptr))
     return fail(err, err_len, "tma_gemv: split_k > 1 needs a partials and a counters workspace");
 
@@ -432,6 +494,11 @@ int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long 
   }
 
   Params p;
+  p.x = static_cast<const __nv_bfloat16*>(x);
+  p.x_stride = x_stride;
+  p.norm_w = static_cast<const __nv_bfloat16*>(norm_w);
+  p.norm_eps = norm_eps;
+  p.norm_offset = norm_offset;
   p.residual = static_cast<const __nv_bfloat16*>(residual);
   p.out = static_cast<__nv_bfloat16*>(out);
   p.partials = partials;
@@ -447,25 +514,29 @@ int labkit_tma_gemv(const void* x, long long x_stride, const void* w, long long 
   p.k_tiles_per_split = per_split;
   p.items = ((n + block_n - 1) / block_n) * split_k;
 
-  void (*kernel)(const CUtensorMap, const CUtensorMap, const Params) =
-      batch <= 8 ? (swiglu ? tma_gemv_kernel<1, true> : tma_gemv_kernel<1, false>)
-                 : (swiglu ? tma_gemv_kernel<2, true> : tma_gemv_kernel<2, false>);
+  // the instantiation: batch tile (8 or 16), epilogue, norm prologue
+  using Kernel = void (*)(const CUtensorMap, const CUtensorMap, const Params);
+  static const Kernel kernels[8] = {
+      tma_gemv_kernel<1, false, false>, tma_gemv_kernel<2, false, false>, tma_gemv_kernel<1, true, false>,
+      tma_gemv_kernel<2, true, false>,  tma_gemv_kernel<1, false, true>,  tma_gemv_kernel<2, false, true>,
+      tma_gemv_kernel<1, true, true>,   tma_gemv_kernel<2, true, true>};
+  const int variant = (batch <= 8 ? 0 : 1) + (swiglu ? 2 : 0) + (norm_w != nullptr ? 4 : 0);
+  const Kernel kernel = kernels[variant];
   const int smem = labkit_tma_gemv_smem_bytes(block_n, block_k, stages, batch, swiglu);
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: cudaGetDevice", e);
   // Raising the shared-memory limit and asking the occupancy are done once per (device, kernel,
   // size), so that launches captured into a CUDA graph make no such calls.
-  const int nt = (batch <= 8 ? 0 : 1) + (swiglu ? 2 : 0);  // which instantiation
   static std::map<std::pair<int, int>, int> smem_limit;       // (device, kernel) -> limit set so far
   static std::map<std::tuple<int, int, int>, int> resident;  // (device, kernel, smem) -> blocks per SM
-  int& limit = smem_limit[{device, nt}];
+  int& limit = smem_limit[{device, variant}];
   if (smem > limit) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: shared memory limit (too many stages?)", e);
     limit = smem;
   }
-  int& per_sm = resident[{device, nt, smem}];
+  int& per_sm = resident[{device, variant, smem}];
   if (per_sm == 0) {
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
     if (e != cudaSuccess) return fail_cuda(err, err_len, "tma_gemv: occupancy", e);

@@ -14,9 +14,9 @@ Kernels (the maths and the pipeline are stated at the top of each source):
 
 - ``tma_gemv.cu``: the decode projection as a weight stream through the tensor memory accelerator
   (TMA): ``y[b, n] = sum_k x[b, k] W[n, k]`` (+ ``r[b, n]``), bf16 in, float32 accumulation, bf16
-  out, batch 1-16. The reference is :func:`labkit.ops.linear.linear_ref`. Fused: the residual and
-  the SwiGLU epilogues (the RMSNorm prologue and the short-conv and argmax epilogues of
-  :mod:`labkit.ops.linear` are not ported yet).
+  out, batch 1-16. The reference is :func:`labkit.ops.linear.linear_ref`. Fused as in
+  :mod:`labkit.ops.linear`: the RMSNorm prologue, the residual and the SwiGLU epilogues (not
+  ported yet: the short-conv and greedy-argmax epilogues).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .ops.launch import cdiv, check_no_overlap, check_tensor
+from .ops.launch import cdiv, check_eps, check_no_overlap, check_tensor
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 BINDING = "torch_binding.cpp"
@@ -297,7 +297,7 @@ def _workspace(device: torch.device, partials: int, counters: int) -> tuple[torc
 
 
 def check_tma_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-                   out: torch.Tensor | None, swiglu: bool = False) -> int:
+                   out: torch.Tensor | None, swiglu: bool = False, norm_weight: torch.Tensor | None = None) -> int:
     """Everything :func:`tma_linear` needs of its tensors, checked before any build or launch;
     returns N, the outputs per row."""
     check_tensor("weight", weight, dtype=torch.bfloat16, contiguous=False, aligned=False)
@@ -330,8 +330,10 @@ def check_tma_args(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
     for name, t in (("residual", residual), ("out", out)):
         if t is not None:
             check_tensor(name, t, dtype=torch.bfloat16, shape=(batch, n))
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, dtype=torch.bfloat16, shape=(k,))
     device = weight.device
-    for name, t in (("x", x), ("residual", residual), ("out", out)):
+    for name, t in (("x", x), ("residual", residual), ("out", out), ("norm_weight", norm_weight)):
         if t is not None and t.device != device:
             raise ValueError(f"all tensors must be on one device; weight on {device}, {name} on {t.device}")
     if device.type != "cuda":
@@ -355,17 +357,23 @@ def tma_linear(
     *,
     out: torch.Tensor | None = None,
     swiglu: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_unit_offset: bool = False,
     config: TmaConfig | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
     """``x @ weight^T`` (``+ residual``) for x [B, K] (B = 1..16), weight [N, K], bf16, through the
     TMA weight stream of ``kernels/tma_gemv.cu``; with ``swiglu``, ``silu(x W_g^T) * (x W_u^T)``
-    for ``weight = [W_g; W_u]`` [2N, K]. Same function as :func:`labkit.ops.linear.linear_ref`
-    with ``residual`` or ``swiglu`` (the residual is added before the one rounding to bf16).
+    for ``weight = [W_g; W_u]`` [2N, K]; with ``norm_weight`` [K], x is RMS-normalised first
+    (``norm_unit_offset``: weight ``1 + w``). Same function as :func:`labkit.ops.linear.linear_ref`
+    with those arguments (the residual is added before the one rounding to bf16).
     ``out`` [B, N] may be ``residual`` itself (in place); ``pdl``: launch with programmatic
     dependent launch (the weight stream starts before the previous kernel ends; the kernel reads x
     and the residual only after it)."""
-    n = check_tma_args(x, weight, residual, out, swiglu)
+    n = check_tma_args(x, weight, residual, out, swiglu, norm_weight)
+    if norm_weight is not None:
+        norm_eps = check_eps("norm_eps", norm_eps)
     k, batch = weight.shape[1], x.shape[0]
     cfg = config or tma_config(batch, n, k, weight.device)
     if not isinstance(cfg, TmaConfig):
@@ -383,6 +391,7 @@ def tma_linear(
         weight.data_ptr(), weight.stride(0) if weight.shape[0] > 1 else k,
         residual.data_ptr() if residual is not None else 0, out.data_ptr(),
         partials.data_ptr() if partials is not None else 0, counters.data_ptr() if counters is not None else 0,
-        batch, n, k, bool(swiglu), cfg.block_n, cfg.block_k, cfg.stages, split, cfg.max_blocks, bool(pdl), stream,
+        batch, n, k, bool(swiglu), norm_weight.data_ptr() if norm_weight is not None else 0, float(norm_eps),
+        1.0 if norm_unit_offset else 0.0, cfg.block_n, cfg.block_k, cfg.stages, split, cfg.max_blocks, bool(pdl), stream,
     )
     return out

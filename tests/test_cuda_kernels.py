@@ -85,6 +85,10 @@ def test_bad_residual_swiglu_and_config():
         cuda.tma_linear(x, w, _bf16(3, 16), swiglu=True)
     with pytest.raises(ValueError, match=r"out must have shape \[3, 16\]"):  # swiglu: N / 2 outputs
         cuda.tma_linear(x, w, out=_bf16(3, 32), swiglu=True)
+    with pytest.raises(ValueError, match=r"norm_weight must have shape \[64\]"):
+        cuda.tma_linear(x, w, norm_weight=_bf16(63))
+    with pytest.raises(TypeError, match="norm_weight must have dtype"):
+        cuda.tma_linear(x, w, norm_weight=_bf16(64).float())
     for bad in (dict(block_n=8), dict(block_k=512), dict(block_n=16, block_k=64), dict(stages=0)):
         with pytest.raises(ValueError, match="TmaConfig"):
             cuda.TmaConfig(**bad)

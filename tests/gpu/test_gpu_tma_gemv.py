@@ -1,5 +1,5 @@
 """The CUDA TMA GEMV (kernels/tma_gemv.cu via labkit.cuda.tma_linear), plain, with the residual and
-with the SwiGLU epilogue, against labkit.ops.linear.linear_ref: irregular shapes (N not a multiple of any tile, K a multiple of 8 as
+the SwiGLU epilogues and the RMSNorm prologue, against labkit.ops.linear.linear_ref: irregular shapes (N not a multiple of any tile, K a multiple of 8 as
 TMA requires, K not a multiple of the box), batch 1, 3, 16, several blockings and K splits, and
 every projection shape of both real presets. Outputs are poisoned with NaN first."""
 
@@ -65,6 +65,22 @@ def _check_swiglu(x, w, config=None):
     cuda.tma_linear(x, w, out=out, swiglu=True, config=config)
     err = rel_err(out, linear_ref(x, w, swiglu=True))
     assert err < TOL, f"swiglu: relative error {err:.3g} for x {list(x.shape)}, W {list(w.shape)}, {config}"
+
+
+@pytest.mark.parametrize("n, k", [(37, 264), (1001, 1032)])
+@pytest.mark.parametrize("batch", [1, 3, 16])
+@pytest.mark.parametrize("epilogue", ["plain", "residual", "swiglu"])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_norm_prologue(n, k, batch, epilogue, unit_offset):
+    x, w, r = _operands(batch, 2 * n if epilogue == "swiglu" else n, k, residual=epilogue == "residual")
+    x = 3 * x + 1  # rows far from unit RMS: the scale matters
+    norm_w = torch.rand(k, dtype=torch.bfloat16, device="cuda", generator=torch.Generator("cuda").manual_seed(k))
+    kw = dict(norm_weight=norm_w, norm_eps=1e-5, norm_unit_offset=unit_offset, swiglu=epilogue == "swiglu")
+    for config in (None, cuda.TmaConfig(block_n=32, block_k=64, stages=3, split_k=2)):
+        out = torch.full((batch, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        cuda.tma_linear(x, w, r, out=out, config=config, **kw)
+        err = rel_err(out, linear_ref(x, w, residual=r, **kw))
+        assert err < TOL, f"norm + {epilogue}: relative error {err:.3g}, {config}"
 
 
 @pytest.mark.parametrize("batch", [1, 3, 16])

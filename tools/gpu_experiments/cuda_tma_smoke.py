@@ -46,4 +46,17 @@ for n, k, b in [(1001, 1032, 3), (4608, 1024, 16)]:  # SwiGLU: W [2n, k]
         err = rel_err(out, ref)
         bad += not err < 1e-2
         print(f"swiglu N={n} K={k} B={b} {cfg}: rel err {err:.2e} {'ok' if err < 1e-2 else 'WRONG'}")
+x = 3 * torch.randn(5, 2048, dtype=torch.bfloat16, device="cuda") + 1  # RMSNorm prologue + residual
+w = torch.randn(1024, 2048, dtype=torch.bfloat16, device="cuda") / 2048**0.5
+r = torch.randn(5, 1024, dtype=torch.bfloat16, device="cuda")
+nw = torch.rand(2048, dtype=torch.bfloat16, device="cuda")
+for cfg in [None, cuda.TmaConfig(32, 64, 3, split_k=2)]:
+    try:
+        out = cuda.tma_linear(x, w, r, norm_weight=nw, norm_eps=1e-5, config=cfg)
+        err = rel_err(out, linear_ref(x, w, residual=r, norm_weight=nw, norm_eps=1e-5))
+    except Exception as exc:
+        err = float("inf")
+        print(f"norm: ERROR {type(exc).__name__}: {exc}")
+    bad += not err < 1e-2
+    print(f"norm+residual N=1024 K=2048 B=5 {cfg}: rel err {err:.2e} {'ok' if err < 1e-2 else 'WRONG'}")
 sys.exit(1 if bad else 0)
