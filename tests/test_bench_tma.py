@@ -39,3 +39,10 @@ def test_malformed_tuning_file_is_a_clear_error(tmp_path):
     bad.write_text(json.dumps({"format": cuda.TMA_TUNING_FORMAT, "configs": [{"n": 1}]}))
     with pytest.raises(ValueError, match=r"configs\[0\]"):
         cuda.read_tma_tuning(bad)
+
+
+def test_summary_table_takes_the_fastest_correct_row_per_implementation():
+    rows = [_row(1024, 4608, 1, cuda.TmaConfig(16, 128, 2), 5.0), _row(1024, 4608, 1, cuda.TmaConfig(), 4.0),
+            _row(1024, 4608, 1, cuda.TmaConfig(64, 64, 2), 1.0, "wrong result")]
+    table = tma.summary_table(rows)
+    assert table.splitlines()[2] == f"| 1024 | 4608 | 1 | {2 * 1024 * 4608 / 4.0 / 1e3:,.0f} |"

@@ -185,6 +185,23 @@ def best_per_shape(rows: list[StreamRow]) -> dict[tuple[int, int, int], StreamRo
     return best
 
 
+def summary_table(rows: list[StreamRow]) -> str:
+    """Markdown: GB/s of weight bytes per shape and batch, one column per implementation (with a
+    sweep, its fastest correct config)."""
+    impls = list(dict.fromkeys(r.impl for r in rows))
+    best: dict[tuple[int, int, int], dict[str, float | None]] = {}
+    for r in rows:
+        cell = best.setdefault((r.n, r.k, r.batch), {})
+        rate = None if r.error else r.gb_per_s
+        if cell.get(r.impl) is None or (rate is not None and rate > cell[r.impl]):
+            cell[r.impl] = rate
+    lines = ["| N | K | batch | " + " | ".join(impls) + " |", "| ---: | ---: | ---: |" + " ---: |" * len(impls)]
+    for (n, k, b), cell in sorted(best.items(), key=lambda kv: (-kv[0][0] * kv[0][1], kv[0][2])):
+        text = ["" if i not in cell else "failed" if cell[i] is None else f"{cell[i]:,.0f}" for i in impls]
+        lines.append(f"| {n} | {k} | {b} | " + " | ".join(text) + " |")
+    return "\n".join(lines)
+
+
 def tuning_doc(sweep: dict) -> dict:
     """A tuning file (:func:`labkit.cuda.read_tma_tuning`) from a sweep's results document: the
     fastest correct config per shape, for batch buckets 1 and 16, with the sweep's provenance."""
@@ -249,4 +266,6 @@ def main(argv: list[str]) -> int:
     command = shlex.join(["python", "-m", "labkit", "bench", "tma", *argv])
     path = write_results(args.name, "tma-gemv", rows, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
+    print("GB/s of weight bytes (fastest correct config per implementation):")
+    print(summary_table(rows))
     return 0 if not any(r.error and "wrong result" in r.error for r in rows) else 1
