@@ -1,6 +1,6 @@
 # cuda-tma (issue 14): about 195 s. JIT build of kernels/ (~20-60 s), smoke check, GPU tests,
 # benchmark (TMA GEMV vs Triton vs cuBLAS), config sweep, the projections chained in one graph,
-# racecheck. Everything lands in $RES; each step has its own time limit.
+# base/stride alignment timings, racecheck. Everything lands in $RES; each step has its own time limit.
 set +e
 mkdir -p "$RES"
 export LABKIT_CUDA_CACHE=/tmp/labkit-cuda-build PYTHONUNBUFFERED=1
@@ -42,10 +42,13 @@ if [ $SMOKE = 0 ]; then
   echo "rc=$?" >> "$RES/sweep.log"; tail -30 "$RES/sweep.log"
 fi
 step chain
-T=$(( $(left) - 8 )); [ $T -lt 20 ] && T=20
+T=$(( $(left) - 14 )); [ $T -lt 20 ] && T=20
 timeout $T python3 tools/gpu_experiments/cuda_tma_chain.py $(ls "$RES"/bench/*/tma-sweep.json 2>/dev/null | head -1) \
     > "$RES/chain.log" 2>&1; echo "rc=$?" >> "$RES/chain.log"; cat "$RES/chain.log"
 if [ $SMOKE = 0 ]; then
+  step alignment
+  T=$(left); [ $T -gt 5 ] && timeout $T python3 tools/gpu_experiments/cuda_tma_alignment.py > "$RES/alignment.log" 2>&1
+  cat "$RES/alignment.log"
   step racecheck
   T=$(left); [ $T -gt 5 ] && timeout $T compute-sanitizer --tool racecheck python3 -c "
 import torch, labkit.cuda as c
