@@ -118,3 +118,11 @@ def test_split_k_covers_the_gpu_and_leaves_no_split_empty():
 def test_load_without_gpu_is_a_clear_error():
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
         cuda.load()
+
+
+def test_no_toolkit_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    with pytest.raises(RuntimeError, match="needs the CUDA toolkit's nvcc"):
+        cuda.require_nvcc()
