@@ -124,7 +124,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// one [block_n, block_k] box of W at (column k0, row n0) into shared memory; completes on `bar`
+// one box of the tensor behind `map` (W or x), at column k0 and row n0, into shared memory; the copy
+// engine counts its bytes on `bar` (rows or columns past the tensor arrive as zeros)
 __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, int k0, int n0, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
