@@ -407,6 +407,7 @@ int fail(char* err, int err_len, const char* msg) {
 
 int fail_cuda(char* err, int err_len, const char* what, cudaError_t e) {
   if (err != nullptr && err_len > 0) snprintf(err, err_len, "%s: %s", what, cudaGetErrorString(e));
+  cudaGetLastError();  // reported here: not left for the caller's next launch check to find
   return 1;
 }
 

@@ -229,7 +229,9 @@ def write_tuning(sweep_path: Path, directory: Path | None = None) -> Path:
     doc["source"] = str(sweep_path)
     path = tma_tuning_path(sweep["gpu"], directory or TUNING_DIR)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    configs = doc.pop("configs")
+    head = json.dumps(doc, indent=1)
+    path.write_text(head[:-2] + ',\n "configs": [\n' + ",\n".join("  " + json.dumps(e) for e in configs) + "\n ]\n}\n")
     read_tma_tuning(path)  # what was written reads back
     return path
 
