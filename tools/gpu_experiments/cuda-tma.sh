@@ -1,4 +1,4 @@
-# cuda-tma (issue 14): about 195 s. JIT build of kernels/ (~20-60 s), smoke check, GPU tests,
+# cuda-tma (issue 14): 85 s on the H200 (round A, 2026-12-01). JIT build of kernels/ (~6 s), smoke check, GPU tests,
 # benchmark (TMA GEMV vs Triton vs cuBLAS), config sweep, the projections chained in one graph,
 # base/stride alignment timings, racecheck. Everything lands in $RES; each step has its own time limit.
 set +e
