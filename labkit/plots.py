@@ -259,8 +259,8 @@ def roofline_with_measurements(configs: Sequence[ModelConfig], bytes_per_s: floa
     ax.plot(roof_x, [min(x * bytes_per_s, flops_per_s) / 1e12 for x in roof_x], color="black", lw=1.5,
             label=roof_label or f"roof: {bytes_per_s / 1e12:.2f} TB/s, {flops_per_s / 1e12:,.0f} TFLOP/s")
     ax.axvline(ridge, color="black", ls=":", lw=0.8)
-    ax.annotate(f"ridge {ridge:,.0f} FLOP/B", (ridge, flops_per_s / 1e12), textcoords="offset points",
-                xytext=(-4, -12), ha="right", fontsize=7)
+    ax.annotate(f"ridge {ridge:,.0f} FLOP/byte", (ridge, flops_per_s / 1e12), textcoords="offset points",
+                xytext=(-3, -6), ha="right", va="top", rotation=90, fontsize=7)
     for marker, cfg in zip("os^D", configs):
         pts = [step_cost(cfg, b, context) for b in batches]
         line, = ax.plot([p.intensity for p in pts], [min(p.intensity * bytes_per_s, flops_per_s) / 1e12 for p in pts],
@@ -278,5 +278,5 @@ def roofline_with_measurements(configs: Sequence[ModelConfig], bytes_per_s: floa
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("TFLOP/s")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16))
     return ax
