@@ -1,4 +1,4 @@
-# nb00 (notebook 00): expected ~60-90 s on one H200 (two models built, a copy sweep, three mixer kernels, two fused decoders).
+# nb00 (notebook 00): expected ~60 s on one H200 (two models built, a copy sweep, three mixer kernels checked and timed at batch 1/16/64, fused+graph decode at batch 1/16).
 # 1) notebook 00 on the GPU with SAVE_RESULTS=True: it measures and writes data/bench/nvidia-h200/hw.json
 # 2) only if that failed: python -m labkit.bench.hardware --save (the same rows, without the notebook)
 set +e
