@@ -235,7 +235,7 @@ def copy_time_fit(rows, t0_us: float, bytes_per_s: float, ax=None, label: str = 
     ax.set_yscale("log")
     ax.set_xlabel("bytes read + written by one kernel")
     ax.set_ylabel("µs per kernel")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     return ax
 
 

@@ -144,3 +144,40 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+COPY_FIT = "one read-and-write kernel per size, L2-cold, in a CUDA graph"
+PROJECTION_FIT = "labkit's fused projections at batch 1, each kernel timed alone in a CUDA graph"
+
+
+def as_dicts(rows: list[HwRow]) -> list[dict]:
+    """Rows as the dicts a results file holds, with ``bytes_per_s`` added."""
+    return [dict(vars(r), bytes_per_s=r.bytes_per_s) for r in rows]
+
+
+def committed_hardware(gpu: str = "nvidia-h200") -> dict:
+    """What notebook 00 teaches with where there is no GPU, from committed results files:
+
+    - ``hw.json`` (this module's rows) where it is committed: the copy sweep is the fixed-cost fit;
+    - otherwise ``bench-ops.json`` (``python -m labkit bench ops``), which holds the same state-step
+      rows and, for the fit, labkit's fused projections at batch 1 (one kernel each).
+
+    Returns {"doc": the file's header (device, date, gpu), "file", "fit_rows", "fit_label", "state_rows"}.
+    """
+    from ..notebooks import committed_results
+    from .results import DATA_DIR
+
+    if (DATA_DIR / gpu / "hw.json").exists():
+        doc = committed_results("hw", gpu)
+        rows = [dict(r, bytes_per_s=r["bytes"] / (r["us"] * 1e-6)) for r in doc["results"]]
+        return {"doc": doc, "file": "hw.json", "fit_label": COPY_FIT,
+                "fit_rows": [r for r in rows if r["what"] == "copy"],
+                "state_rows": [r for r in rows if r["what"].endswith(" step")]}
+    doc = committed_results("bench-ops", gpu)
+    mine = [r for r in doc["results"] if r["impl"] == "triton" and r.get("us")]
+    state = [dict(what=r["op"], model=r["model"], batch=r["batch"], bytes=r["bytes"], us=r["us"], rel_err=r["rel_err"],
+                  context=(r.get("extra") or {}).get("mean_context"), bytes_per_s=r["bytes"] / (r["us"] * 1e-6))
+             for r in mine if r["op"].endswith(" step")]
+    fit = [dict(what=r["op"], model=r["model"], batch=1, bytes=r["bytes"], us=r["us"], bytes_per_s=r["bytes"] / (r["us"] * 1e-6))
+           for r in mine if not r["op"].endswith(" step") and r["batch"] == 1]
+    return {"doc": doc, "file": "bench-ops.json", "fit_label": PROJECTION_FIT, "fit_rows": fit, "state_rows": state}
