@@ -43,3 +43,15 @@ def test_fit_fixed_cost_recovers_a_line_and_refuses_noise():
 def test_copy_sweep_on_cpu_counts_bytes_read_and_written():
     (row,) = copy_sweep((1,), "cpu")
     assert row.bytes == 2 << 20 and row.us > 0 and torch.isfinite(torch.tensor(row.bytes_per_s))
+
+
+def test_committed_hardware_gives_a_fit_and_checked_state_steps():
+    from labkit.bench.hardware import committed_hardware
+
+    got = committed_hardware()
+    assert got["doc"]["device"]["copy_bytes_per_s"] > 1e12 and len(got["fit_rows"]) >= 2
+    t0, bw = fit_fixed_cost([HwRow("kernel", r["bytes"], 0, r["us"]) for r in got["fit_rows"]])
+    assert t0 > 0 and 1e11 < bw < 2e13
+    kinds = {r["what"] for r in got["state_rows"]}
+    assert {"gated deltanet step", "attention step", "short conv step"} <= kinds
+    assert all(r["rel_err"] is not None and r["rel_err"] < 2e-2 for r in got["state_rows"])
