@@ -144,3 +144,139 @@ def waterfall(stages: Sequence[tuple[str, float]], ax=None, title: str = "", uni
     ax.set_title(title, fontsize=9)
     ax.tick_params(axis="x", labelrotation=20, labelsize=7)
     return ax
+
+
+# -- notebook 00: byte budgets on linear axes, state against KV, copy-time fit, roofline with measurements
+def byte_parts(cfg: ModelConfig, context: int) -> tuple[int, int, int]:
+    """(weight bytes per step, KV bytes per sequence per step, fixed-state bytes per sequence per step)."""
+    costs = layer_costs(cfg, context)
+    weights = sum(c.weight_bytes for c in costs)
+    kv = sum(c.state_bytes_per_seq for c in costs if c.kind == "attention")
+    state = sum(c.state_bytes_per_seq for c in costs if c.kind in ("conv", "gdn"))
+    return weights, kv, state
+
+
+def bytes_per_token_linear(cfg: ModelConfig, batches: Sequence[int], context: int, ax_abs=None, ax_share=None):
+    """Bytes moved per generated token, split into weights (shared by the batch), KV cache and
+    fixed-size state (per sequence): absolute MB on a linear axis (no bar clipped), and each part's
+    share of the total, where the point at which the cache and state take over stays visible."""
+    weights, kv, state = byte_parts(cfg, context)
+    xs = [str(b) for b in batches]
+    parts = [
+        ("weights (shared by the batch)", [weights / b for b in batches], COLORS["weights"]),
+        (f"KV cache at {context:,} tokens", [kv] * len(batches), COLORS["kv"]),
+        ("conv / delta-rule state", [state] * len(batches), COLORS["state"]),
+    ]
+    totals = [sum(p[1][i] for p in parts) for i in range(len(batches))]
+    for ax, scale, unit in ((ax_abs, None, "MB moved per generated token"), (ax_share, totals, "share of the bytes per token (%)")):
+        if ax is None:
+            continue
+        bottom = [0.0] * len(batches)
+        for label, values, color in parts:
+            ys = [v / 1e6 for v in values] if scale is None else [100 * v / t for v, t in zip(values, scale)]
+            ax.bar(xs, ys, bottom=bottom, color=color, label=label)
+            bottom = [a + b for a, b in zip(bottom, ys)]
+        ax.set_ylim(0, max(bottom) * 1.08)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{cfg.name}, context {context:,}", fontsize=9)
+    (ax_abs or ax_share).legend(fontsize=7)
+    return ax_abs, ax_share
+
+
+def state_vs_context(configs: Sequence[ModelConfig], max_context: int, ax=None):
+    """MB each sequence moves per step against its context: the attention layers' KV cache grows
+    linearly, the conv windows and delta-rule state are flat; the crossing is marked."""
+    ax = ax or plt.gca()
+    xs = [round(max_context * i / 64) for i in range(65)]
+    for cfg, ls in zip(configs, ("-", "--", "-.", ":")):
+        kv = [byte_parts(cfg, L)[1] / 1e6 for L in xs]
+        state = byte_parts(cfg, 0)[2] / 1e6
+        ax.plot(xs, kv, color=COLORS["kv"], ls=ls, label=f"{cfg.name}: KV cache of its attention layers")
+        ax.plot(xs, [state] * len(xs), color=COLORS["state"], ls=ls, label=f"{cfg.name}: conv / delta-rule state")
+        cross = crossing_context(cfg)
+        if 0 < cross <= max_context:
+            ax.plot([cross], [state], marker="o", color="black", ms=5)
+            ax.annotate(f"{cross:,} tokens", (cross, state), textcoords="offset points", xytext=(6, -12), fontsize=7)
+    ax.set_xlim(0, max_context)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("tokens already in the cache (context)")
+    ax.set_ylabel("MB per sequence per decode step")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def crossing_context(cfg: ModelConfig) -> int:
+    """The context at which one sequence's KV traffic first reaches its fixed-state traffic (0 if
+    the model has no fixed state)."""
+    _, kv0, state = byte_parts(cfg, 0)
+    per_token = byte_parts(cfg, 1)[1] - kv0
+    if state == 0 or per_token == 0:
+        return 0
+    return max(0, -(-(state - kv0) // per_token))
+
+
+def copy_time_fit(rows, t0_us: float, bytes_per_s: float, ax=None, label: str = "measured",
+                  predicted_bytes_per_s: float | None = None):
+    """Per-kernel time of the copy sweep against bytes moved (log-log), measured points hollow, with
+    the prediction bytes / bandwidth (dotted; ``predicted_bytes_per_s``, else the fit's) and the
+    fitted, revised model t0 + bytes / bandwidth (dashed)."""
+    ax = ax or plt.gca()
+    predicted = predicted_bytes_per_s or bytes_per_s
+    xs = [r.bytes if hasattr(r, "bytes") else r["bytes"] for r in rows]
+    ys = [r.us if hasattr(r, "us") else r["us"] for r in rows]
+    grid = [min(xs) * (max(xs) / min(xs)) ** (i / 50) for i in range(51)]
+    ax.plot(grid, [b / predicted * 1e6 for b in grid], color="gray", ls=":", lw=1,
+            label=f"prediction: bytes / {predicted / 1e12:.2f} TB/s")
+    ax.plot(grid, [t0_us + b / bytes_per_s * 1e6 for b in grid], color="black", ls="--", lw=1,
+            label=f"revised: {t0_us:.1f} µs + bytes / {bytes_per_s / 1e12:.2f} TB/s")
+    ax.plot(xs, ys, ls="none", marker="o", mfc="none", color=COLORS["weights"], label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes read + written by one kernel")
+    ax.set_ylabel("µs per kernel")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def roofline_with_measurements(configs: Sequence[ModelConfig], bytes_per_s: float, flops_per_s: float,
+                               batches: Sequence[int], context: int, measured: dict | None = None,
+                               ax=None, roof_label: str = ""):
+    """The roofline with each model's predicted decode steps drawn on the roof (small filled markers,
+    dashed) and measured steps drawn where they landed (large hollow markers, labelled "measured").
+
+    ``measured`` maps (model name, batch) -> (intensity in FLOP/byte, achieved FLOP/s). The roof
+    spans every point drawn, from a third of the smallest intensity to three times the larger of
+    the ridge and the largest intensity.
+    """
+    ax = ax or plt.gca()
+    measured = measured or {}
+    ridge = flops_per_s / bytes_per_s
+    xs_all = [step_cost(c, b, context).intensity for c in configs for b in batches]
+    xs_all += [v[0] for v in measured.values()]
+    lo, hi = min(xs_all) / 3, max(ridge, max(xs_all)) * 3
+    roof_x = [lo, ridge, hi]
+    ax.plot(roof_x, [min(x * bytes_per_s, flops_per_s) / 1e12 for x in roof_x], color="black", lw=1.5,
+            label=roof_label or f"roof: {bytes_per_s / 1e12:.2f} TB/s, {flops_per_s / 1e12:,.0f} TFLOP/s")
+    ax.axvline(ridge, color="black", ls=":", lw=0.8)
+    ax.annotate(f"ridge {ridge:,.0f} FLOP/byte", (ridge, flops_per_s / 1e12), textcoords="offset points",
+                xytext=(-3, -6), ha="right", va="top", rotation=90, fontsize=7)
+    for marker, cfg in zip("os^D", configs):
+        pts = [step_cost(cfg, b, context) for b in batches]
+        line, = ax.plot([p.intensity for p in pts], [min(p.intensity * bytes_per_s, flops_per_s) / 1e12 for p in pts],
+                        marker=marker, ms=4, ls="--", lw=0.8,
+                        label=f"{cfg.name} predicted (on the roof), batch {batches[0]}..{batches[-1]}")
+        mine = sorted((b, v) for (name, b), v in measured.items() if name == cfg.name)
+        if mine:
+            ax.plot([v[0] for _, v in mine], [v[1] / 1e12 for _, v in mine], marker=marker, ms=9, mfc="none",
+                    mew=1.5, ls="none", color=line.get_color(),
+                    label=f"{cfg.name} measured, batch {', '.join(str(b) for b, _ in mine)}")
+    ax.set_xlim(lo, hi)
+    ys = [min(x * bytes_per_s, flops_per_s) / 1e12 for x in roof_x] + [v[1] / 1e12 for v in measured.values()]
+    ax.set_ylim(min(ys) / 3, max(ys) * 3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16))
+    return ax
