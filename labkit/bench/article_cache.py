@@ -1,0 +1,249 @@
+"""``python -m labkit bench article-cache``: what the article's two-level cache saves and what it costs.
+
+Two measurements per threshold (see labkit.article_cache for the cache and how work is counted):
+
+- quality, on the shipped byte-level checkpoints (trained weights, float32): the held-out windows
+  kept in each checkpoint's training record are decoded token by token, teacher-forced, once on
+  the exact path and once with the article's cache. Per threshold: the counted share of the work
+  skipped, the logits' error against the exact path (relative RMS over every decoded logit, and the
+  largest absolute difference), top-1 agreement at each position, held-out loss in bits per byte
+  (of the decoded positions, both paths), and free-running greedy decoding from the windows'
+  prompts: the fraction of positions whose token matches the exact path's, and the first mismatch.
+- speed, at the real presets' shapes with RANDOM weights (bf16, batch 1): decode tokens/s of the
+  reference path with and without the cache, and the share skipped there. Random weights give
+  their own gate statistics, so this column says what the skipping buys in time, not how often a
+  trained model would skip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..article_cache import DEFAULT_EMA_RATE, ArticleCache
+from ..model import HybridLM
+
+THRESHOLDS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
+CHECKPOINTS = ("byte-lfm2-6m", "byte-qwen3.5-6m")
+PRESETS = ("lfm2-350m", "qwen3.5-0.8b")
+
+
+@dataclass
+class ArticleCacheRow:
+    model: str
+    measure: str  # "quality" (trained checkpoint) or "speed" (real shapes, random weights)
+    weights: str
+    dtype: str
+    threshold: float
+    ema_rate: float
+    batch: int
+    prompt: int  # tokens prefilled exactly before the decoded ones
+    steps: int  # decode steps measured
+    reuse_fraction: dict  # per layer kind: (step, sequence) decisions that returned level 2
+    skipped_of_core: dict  # per layer kind and "all": counted FLOPs skipped / the exact cores' FLOPs
+    skipped_of_mixer: float  # ... / (cores + the wrapped mixers' projections)
+    skipped_of_step: float  # ... / the whole decode step's FLOPs
+    identical_to_exact: bool | None = None  # logits bit for bit equal to the exact path's
+    logit_rel_rms: float | None = None
+    logit_max_abs: float | None = None
+    top1_agreement: float | None = None
+    bits_per_byte: float | None = None
+    bits_per_byte_exact: float | None = None
+    greedy_steps: int | None = None
+    greedy_agreement: float | None = None
+    greedy_first_mismatch: int | None = None  # earliest step any sequence differs (None: none did)
+    tokens_per_s: float | None = None
+    tokens_per_s_exact: float | None = None
+    error: str | None = None
+
+
+def _stats_fields(ac: ArticleCache) -> dict:
+    s = ac.stats()
+    return {
+        "reuse_fraction": {k: v["reuse_fraction"] for k, v in s["by_kind"].items()},
+        "skipped_of_core": {**{k: v["skipped_of_core"] for k, v in s["by_kind"].items()}, "all": s["all"]["skipped_of_core"]},
+        "skipped_of_mixer": s["all"]["skipped_of_mixer"],
+        "skipped_of_step": s["all"]["skipped_of_step"],
+    }
+
+
+@torch.no_grad()
+def _teacher_forced(step, model: HybridLM, windows: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Logits [B, L - prompt, V] for positions prompt-1 .. L-2 of ``windows`` [B, L], decoded one token
+    at a time after an exact prefill of the first ``prompt`` tokens; ``step(ids, cache)`` runs one call."""
+    B, L = windows.shape
+    cache = model.new_cache(B, L)
+    first = step(windows[:, :prompt], cache)[:, -1:]
+    rest = [step(windows[:, t : t + 1], cache) for t in range(prompt, L - 1)]
+    return torch.cat([first, *rest], dim=1).float()
+
+
+@torch.no_grad()
+def _greedy(step, model: HybridLM, prompts: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy tokens [B, steps] after ``prompts`` [B, P]."""
+    B, P = prompts.shape
+    cache = model.new_cache(B, P + steps)
+    nxt = step(prompts, cache)[:, -1].argmax(-1, keepdim=True)
+    out = [nxt]
+    for _ in range(steps - 1):
+        nxt = step(nxt, cache)[:, -1].argmax(-1, keepdim=True)
+        out.append(nxt)
+    return torch.cat(out, dim=1)
+
+
+def quality_rows(model: HybridLM, name: str, windows: torch.Tensor, thresholds=THRESHOLDS, ema_rate: float = DEFAULT_EMA_RATE,
+                 prompt: int = 16, greedy_steps: int = 64) -> list[ArticleCacheRow]:
+    """Rows of the quality measurement for one model over held-out ``windows`` [B, L] (see the module doc)."""
+    windows = windows.to(model.device)
+    B, L = windows.shape
+    if not 1 <= prompt < L - 1:
+        raise ValueError(f"prompt must leave tokens to decode: 1 <= prompt < {L - 1}, got {prompt}")
+    exact_step = lambda ids, cache: model(ids, cache=cache)  # noqa: E731
+    exact = _teacher_forced(exact_step, model, windows, prompt)
+    targets = windows[:, prompt:]
+    ln2 = math.log(2)
+    bpb_exact = F.cross_entropy(exact.flatten(0, 1), targets.flatten()).item() / ln2
+    greedy_exact = _greedy(exact_step, model, windows[:, :prompt], greedy_steps)
+    rows = []
+    for thr in thresholds:
+        ac = ArticleCache(model, threshold=thr, ema_rate=ema_rate)
+        got = _teacher_forced(ac, model, windows, prompt)
+        fields = _stats_fields(ac)  # the teacher-forced run's counts
+        ac.reset()
+        greedy = _greedy(ac, model, windows[:, :prompt], greedy_steps)
+        diff = got - exact
+        same = (greedy == greedy_exact)
+        mismatched_steps = (~same).any(0).nonzero()
+        rows.append(ArticleCacheRow(
+            model=name, measure="quality", weights="trained checkpoint", dtype=str(model.dtype).removeprefix("torch."),
+            threshold=thr, ema_rate=ema_rate, batch=B, prompt=prompt, steps=L - 1 - prompt, **fields,
+            identical_to_exact=bool(torch.equal(got, exact)),
+            logit_rel_rms=(diff.pow(2).sum() / exact.pow(2).sum()).sqrt().item(),
+            logit_max_abs=diff.abs().max().item(),
+            top1_agreement=(got.argmax(-1) == exact.argmax(-1)).float().mean().item(),
+            bits_per_byte=F.cross_entropy(got.flatten(0, 1), targets.flatten()).item() / ln2,
+            bits_per_byte_exact=bpb_exact,
+            greedy_steps=greedy_steps, greedy_agreement=same.float().mean().item(),
+            greedy_first_mismatch=int(mismatched_steps[0]) if mismatched_steps.numel() else None,
+        ))
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def _decode_rate(step, model: HybridLM, prompt_ids: torch.Tensor, steps: int) -> float:
+    """Greedy decode tokens/s (batch x steps / seconds) after an untimed prefill."""
+    B, P = prompt_ids.shape
+    cache = model.new_cache(B, P + steps + 3)
+    nxt = step(prompt_ids, cache)[:, -1].argmax(-1, keepdim=True)
+    for _ in range(2):  # warm-up steps, untimed (first-call allocations)
+        nxt = step(nxt, cache)[:, -1].argmax(-1, keepdim=True)
+    _sync(model.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        nxt = step(nxt, cache)[:, -1].argmax(-1, keepdim=True)
+    _sync(model.device)
+    return B * steps / (time.perf_counter() - t0)
+
+
+def speed_rows(model: HybridLM, name: str, thresholds=THRESHOLDS, ema_rate: float = DEFAULT_EMA_RATE,
+               prompt: int = 256, steps: int = 32, batch: int = 1, seed: int = 0) -> list[ArticleCacheRow]:
+    """Decode tokens/s of the reference path with and without the article's cache (random prompt)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt), generator=gen).to(model.device)
+    exact_step = lambda i, c: model(i, cache=c)  # noqa: E731
+    exact = _decode_rate(exact_step, model, ids, steps)
+    rows = []
+    for thr in thresholds:
+        ac = ArticleCache(model, threshold=thr, ema_rate=ema_rate)
+        rate = _decode_rate(ac, model, ids, steps)
+        rows.append(ArticleCacheRow(
+            model=name, measure="speed", weights="random (seed 0)", dtype=str(model.dtype).removeprefix("torch."),
+            threshold=thr, ema_rate=ema_rate, batch=batch, prompt=prompt, steps=steps, **_stats_fields(ac),
+            tokens_per_s=rate, tokens_per_s_exact=exact,
+        ))
+    return rows
+
+
+def heldout_windows(checkpoint: str, n: int, tokens: int) -> torch.Tensor:
+    """The first ``n`` held-out windows kept in a shipped checkpoint's training record, ``tokens`` long."""
+    from ..checkpoints import checkpoint_path
+    from ..train import unpack_windows
+
+    record = json.loads((checkpoint_path(checkpoint) / "training.json").read_text())
+    w = unpack_windows(record["check"]["windows"])
+    if n > w.shape[0] or tokens > w.shape[1]:
+        raise ValueError(f"{checkpoint} keeps {w.shape[0]} windows of {w.shape[1]} tokens; asked for {n} x {tokens}")
+    return w[:n, :tokens]
+
+
+def run(args) -> list[ArticleCacheRow]:
+    from .. import load
+    from ..checkpoints import checkpoint_path
+    from ..model import build
+
+    device = torch.device(args.device)
+    rows: list[ArticleCacheRow] = []
+    for ck in args.checkpoints:
+        model = load(checkpoint_path(ck), dtype=torch.float32, device=device)
+        rows += quality_rows(model, ck, heldout_windows(ck, args.windows, args.tokens), args.thresholds, args.ema_rate,
+                             args.prompt, args.greedy_steps)
+        print_rows(rows[-len(args.thresholds):])
+    for preset in args.presets:
+        model = build(preset, dtype=torch.bfloat16, device=device, seed=0)
+        rows += speed_rows(model, preset, args.thresholds, args.ema_rate, args.speed_prompt, args.speed_steps)
+        print_rows(rows[-len(args.thresholds):])
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def print_rows(rows: list[ArticleCacheRow]) -> None:
+    for r in rows:
+        core = " ".join(f"{k} {v:6.1%}" for k, v in r.skipped_of_core.items())
+        line = f"{r.model:>16} thr {r.threshold:5.2f} skipped of core: {core}; of step {r.skipped_of_step:6.2%}"
+        if r.measure == "quality":
+            line += (f" | rel RMS {r.logit_rel_rms:.2e} max {r.logit_max_abs:.2e} top-1 {r.top1_agreement:6.1%}"
+                     f" bpb {r.bits_per_byte:.4f} (exact {r.bits_per_byte_exact:.4f}) greedy {r.greedy_agreement:6.1%}")
+        else:
+            line += f" | {r.tokens_per_s:8.1f} tok/s (exact {r.tokens_per_s_exact:8.1f})"
+        print(line)
+
+
+def add_arguments(s) -> None:
+    s.add_argument("--checkpoints", nargs="*", default=list(CHECKPOINTS), help="shipped checkpoints (quality)")
+    s.add_argument("--presets", nargs="*", default=list(PRESETS), help="real shapes, random weights (speed)")
+    s.add_argument("--thresholds", nargs="+", type=float, default=list(THRESHOLDS))
+    s.add_argument("--ema-rate", type=float, default=DEFAULT_EMA_RATE)
+    s.add_argument("--windows", type=int, default=16, help="held-out windows decoded at once (the batch)")
+    s.add_argument("--tokens", type=int, default=257, help="tokens per window")
+    s.add_argument("--prompt", type=int, default=16, help="tokens prefilled exactly before decoding")
+    s.add_argument("--greedy-steps", type=int, default=64)
+    s.add_argument("--speed-prompt", type=int, default=512)
+    s.add_argument("--speed-steps", type=int, default=32)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--name", default="article-cache", help="results go to data/bench/<gpu>/<name>.json")
+
+
+def load_results(path: str | Path | None = None, gpu: str = "nvidia-h200") -> dict:
+    """The results file (default ``data/bench/<gpu>/article-cache.json``) as a dict."""
+    from .results import DATA_DIR
+
+    path = Path(path) if path is not None else DATA_DIR / gpu / "article-cache.json"
+    return json.loads(path.read_text())
+
+
+def command_line(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "labkit", "bench", *argv])
