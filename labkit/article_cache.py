@@ -84,6 +84,8 @@ from .ops.mixers import REFERENCE_CORES, MixerCores
 
 DEFAULT_THRESHOLD = 0.10  # the article's "less than 10%"
 DEFAULT_EMA_RATE = 0.5
+KINDS = ("attention", "gdn")  # the layer kinds it can wrap
+MIXER_OF_KIND = {"attention": Attention, "gdn": GatedDeltaNet}
 
 
 @dataclass
@@ -124,18 +126,24 @@ class ArticleCache:
     ``threshold``: reuse level 2 when the gates moved by less than this fraction of their EMA's norm
     (0: never, the exact path; ``inf``: always once level 2 holds an output). ``ema_rate``: weight of
     the newest gates in the EMA, in (0, 1] (1: compare with the previous step's gates). ``inner``:
-    the exact cores it wraps (default: the references in labkit.ops.mixers).
+    the exact cores it wraps (default: the references in labkit.ops.mixers). ``kinds``: the layer
+    kinds whose cores it approximates (default both); the others' cores run exact and uncounted.
     """
 
     def __init__(self, model: HybridLM, threshold: float = DEFAULT_THRESHOLD, ema_rate: float = DEFAULT_EMA_RATE,
-                 inner: MixerCores = REFERENCE_CORES) -> None:
+                 inner: MixerCores = REFERENCE_CORES, kinds: tuple[str, ...] = KINDS) -> None:
         _check_parameters(threshold, ema_rate)
+        if not kinds or set(kinds) - set(KINDS):
+            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
+        self.kinds = tuple(kinds)
         self.model = model
         self.threshold = float(threshold)
         self.ema_rate = float(ema_rate)
         self.inner = inner
-        self.cores = MixerCores(delta_rule=self._delta_rule, attend=self._attend)
-        self._mixers = {b.mixer.layer: b.mixer for b in model.layers if isinstance(b.mixer, (Attention, GatedDeltaNet))}
+        self.cores = MixerCores(delta_rule=self._delta_rule if "gdn" in self.kinds else inner.delta_rule,
+                                attend=self._attend if "attention" in self.kinds else inner.attend)
+        wrapped = tuple(MIXER_OF_KIND[k] for k in self.kinds)
+        self._mixers = {b.mixer.layer: b.mixer for b in model.layers if isinstance(b.mixer, wrapped)}
         self._layer: int | None = None
         self._batch: int | None = None
         self.reset()
@@ -164,7 +172,11 @@ class ArticleCache:
         def enter(module, _args):
             self._layer = module.layer
 
+        def leave(_module, _args, _out):
+            self._layer = None
+
         handles = [m.register_forward_pre_hook(enter) for m in self._mixers.values()]
+        handles += [m.register_forward_hook(leave) for m in self._mixers.values()]
         try:
             yield
         finally:
