@@ -57,6 +57,10 @@ counted as it happens, in FLOPs of the core (multiply and add counted apart):
                                      readout 2 dk dv;  exact step = 7 dk dv
     attention, per query head:       4 L hd over the L visible keys (scores 2 L hd, values 2 L hd)
 
+A bound follows for Gated DeltaNet: as long as level 1 is honoured (every token reaches S once),
+a reused step saves only its readout, so at most ``GDN_SKIP_BOUND`` = 2 / 7 of a GDN core's work
+can be skipped, whatever the threshold. Attention can skip all of a reused step's core.
+
 ``skipped = exact - done - owed``, where ``owed`` is the update work of tokens still waiting in
 level 1 (they will be folded at the layer's next computed step). The projections around the core
 (in_proj, conv, out_proj) run at every step whatever level 2 holds; ``stats()`` also gives the
@@ -84,6 +88,8 @@ from .ops.mixers import REFERENCE_CORES, MixerCores
 
 DEFAULT_THRESHOLD = 0.10  # the article's "less than 10%"
 DEFAULT_EMA_RATE = 0.5
+GDN_UPDATE_FLOPS, GDN_READOUT_FLOPS = 5, 2  # per dk*dv element of each value head, see the module doc
+GDN_SKIP_BOUND = GDN_READOUT_FLOPS / (GDN_UPDATE_FLOPS + GDN_READOUT_FLOPS)
 KINDS = ("attention", "gdn")  # the layer kinds it can wrap
 MIXER_OF_KIND = {"attention": Attention, "gdn": GatedDeltaNet}
 
@@ -110,7 +116,7 @@ class _LayerState:
     ema: torch.Tensor | None = None  # [B, D] float32
     level2: torch.Tensor | None = None  # the core's output at each sequence's last computed step
     valid: torch.Tensor | None = None  # [B] bool: level 2 holds an output for this sequence
-    pending: list = field(default_factory=list)  # GDN level 1: [(waiting [B] bool, q, k, v)]
+    pending: list = field(default_factory=list)  # GDN level 1: [(waiting: B host bools, q, k, v)] in order
 
 
 def _check_parameters(threshold: float, ema_rate: float) -> None:
@@ -231,7 +237,7 @@ class ArticleCache:
             return self.inner.delta_rule(q, k, v, g, beta, state)
         B, _, Hv, dv = v.shape
         dk = k.shape[-1]
-        update, readout = 5.0 * Hv * dk * dv, 2.0 * Hv * dk * dv
+        update, readout = float(GDN_UPDATE_FLOPS * Hv * dk * dv), float(GDN_READOUT_FLOPS * Hv * dk * dv)
         reuse, _ = self._decide(st, torch.cat([g[:, 0], beta[:, 0]], dim=-1))
         rows = [b for b in range(B) if not reuse[b]]
         work.decisions += B

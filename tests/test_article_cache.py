@@ -133,7 +133,7 @@ def test_bench_rows_and_plot():
     matplotlib.use("Agg")
     from dataclasses import asdict
 
-    from labkit.bench.article_cache import quality_rows
+    from labkit.bench.article_cache import quality_rows, verdict, verdict_markdown
     from labkit.plots import article_cache_curves
 
     model = _model("tiny-qwen3.5")
@@ -143,9 +143,15 @@ def test_bench_rows_and_plot():
     assert zero.identical_to_exact and zero.logit_rel_rms == 0 and zero.bits_per_byte == zero.bits_per_byte_exact
     assert zero.greedy_agreement == 1 and zero.greedy_first_mismatch is None
     assert big.skipped_of_core["all"] > 0 and big.logit_rel_rms > 0 and not big.identical_to_exact
-    doc = {"results": [asdict(r) for r in rows], "gpu": None}
+    doc = {"results": [asdict(r) for r in rows], "gpu": None, "command": "test"}
     axes = article_cache_curves(doc)
     assert all(ax.get_xlabel() and ax.get_ylabel() for ax in axes)
+    v = verdict(doc, article_threshold=10.0)
+    q = v["quality"]["tiny-qwen3.5"]
+    assert q["exact_at_zero"] and q["at_article_threshold"]["skipped_of_core"] == big.skipped_of_core["all"]
+    assert q["max_gdn_skipped_of_core"] <= v["gdn_skip_bound"] + 1e-12
+    text = verdict_markdown(doc, article_threshold=10.0)
+    assert "tiny-qwen3.5" in text and "bit for bit" in text and "Verdict" in text
 
 
 def test_waiting_tokens_are_folded_with_the_current_gates():

@@ -27,11 +27,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..article_cache import DEFAULT_EMA_RATE, KINDS, ArticleCache
+from ..article_cache import DEFAULT_EMA_RATE, DEFAULT_THRESHOLD, GDN_SKIP_BOUND, KINDS, ArticleCache
 from ..model import HybridLM
 
 THRESHOLDS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 CHECKPOINTS = ("byte-lfm2-6m", "byte-qwen3.5-6m")
+ARTICLE_CLAIM = 0.60  # "-60% compute for stable contexts"
+FREE_BPB_INCREASE = 0.01  # what we call "no loss": held-out bits per byte up by less than 1%
 PRESETS = ("lfm2-350m", "qwen3.5-0.8b")
 
 
@@ -249,3 +251,82 @@ def load_results(path: str | Path | None = None, gpu: str = "nvidia-h200") -> di
 
 def command_line(argv: list[str]) -> str:
     return shlex.join(["python", "-m", "labkit", "bench", *argv])
+
+
+def verdict(doc: dict, claim: float = ARTICLE_CLAIM, article_threshold: float = DEFAULT_THRESHOLD,
+            free_bpb_increase: float = FREE_BPB_INCREASE) -> dict:
+    """The figures the verdict on the article's "-60% compute" rests on, per trained checkpoint.
+
+    For each quality model: the skipped share of the cores and of the whole step at the article's
+    threshold, with its cost; the smallest threshold that skips ``claim`` of the cores (None if
+    none does) with its cost; the largest GDN skip seen (against GDN_SKIP_BOUND); and ``holds``:
+    the claim is met at the article's threshold with held-out bits per byte up by less than
+    ``free_bpb_increase`` (relative). For each speed model: tok/s relative to the exact path.
+    """
+    rows = [r for r in doc["results"] if not r.get("error")]
+    out: dict = {"claim": claim, "article_threshold": article_threshold, "free_bpb_increase": free_bpb_increase,
+                 "gdn_skip_bound": GDN_SKIP_BOUND, "quality": {}, "speed": {}}
+
+    def cost(r: dict) -> dict:
+        return {"threshold": r["threshold"], "skipped_of_core": r["skipped_of_core"]["all"],
+                "skipped_of_step": r["skipped_of_step"], "reuse_fraction": r["reuse_fraction"],
+                "bpb_increase": r["bits_per_byte"] / r["bits_per_byte_exact"] - 1,
+                "logit_rel_rms": r["logit_rel_rms"], "top1_agreement": r["top1_agreement"],
+                "greedy_agreement": r["greedy_agreement"]}
+
+    for m in sorted({r["model"] for r in rows if r["measure"] == "quality"}):
+        rs = sorted((r for r in rows if r["measure"] == "quality" and r["model"] == m), key=lambda r: r["threshold"])
+        at = next((cost(r) for r in rs if r["threshold"] == article_threshold), None)
+        reach = next((cost(r) for r in rs if r["skipped_of_core"]["all"] >= claim), None)
+        gdn = [r["skipped_of_core"]["gdn"] for r in rs if "gdn" in r["skipped_of_core"]]
+        out["quality"][m] = {
+            "at_article_threshold": at, "first_reaching_claim": reach,
+            "max_skipped_of_core": max(r["skipped_of_core"]["all"] for r in rs),
+            "max_gdn_skipped_of_core": max(gdn) if gdn else None,
+            "exact_at_zero": all(r["identical_to_exact"] for r in rs if r["threshold"] == 0),
+            "holds": bool(at and at["skipped_of_core"] >= claim and at["bpb_increase"] < free_bpb_increase),
+        }
+    for m in sorted({r["model"] for r in rows if r["measure"] == "speed"}):
+        rs = sorted((r for r in rows if r["measure"] == "speed" and r["model"] == m), key=lambda r: r["threshold"])
+        out["speed"][m] = {"ratio": {r["threshold"]: r["tokens_per_s"] / r["tokens_per_s_exact"] for r in rs},
+                           "tokens_per_s_exact": rs[0]["tokens_per_s_exact"],
+                           "skipped_of_step": {r["threshold"]: r["skipped_of_step"] for r in rs}}
+    return out
+
+
+def verdict_markdown(doc: dict, **kw) -> str:
+    """The verdict as Markdown, every figure taken from ``doc`` (a results file of this bench)."""
+    v = verdict(doc, **kw)
+    claim, thr = v["claim"], v["article_threshold"]
+    lines = [f"**The article's claim:** the two-level cache skips {claim:.0%} of the compute for stable contexts "
+             f"(threshold {thr:g}). Measured on {doc.get('gpu') or 'a CPU'} (`{doc.get('command', '')}`):", ""]
+    for m, q in v["quality"].items():
+        at, reach = q["at_article_threshold"], q["first_reaching_claim"]
+        s = f"- **{m}**: "
+        if at:
+            s += (f"at threshold {thr:g} it skips {at['skipped_of_core']:.1%} of the cores' work "
+                  f"({at['skipped_of_step']:.2%} of the whole step), held-out bits per byte {at['bpb_increase']:+.2%}, "
+                  f"greedy tokens agreeing {at['greedy_agreement']:.1%}. ")
+        if reach:
+            s += (f"{claim:.0%} of the cores is first skipped at threshold {reach['threshold']:g}, costing "
+                  f"{reach['bpb_increase']:+.2%} bits per byte and leaving {reach['greedy_agreement']:.1%} of greedy tokens "
+                  f"as the exact path's. ")
+        else:
+            s += f"No threshold skips {claim:.0%} of the cores (at most {q['max_skipped_of_core']:.1%}). "
+        if q["max_gdn_skipped_of_core"] is not None:
+            s += (f"Its GDN layers skip at most {q['max_gdn_skipped_of_core']:.1%}, under the bound "
+                  f"{v['gdn_skip_bound']:.1%} (only readouts can be skipped while every token reaches the state). ")
+        s += "Threshold 0 reproduces the exact logits bit for bit." if q["exact_at_zero"] else "THRESHOLD 0 DIFFERS FROM THE EXACT PATH."
+        lines.append(s)
+    for m, sp in v["speed"].items():
+        r = sp["ratio"]
+        best = max(r, key=r.get)
+        lines.append(f"- **{m}** (real shapes, random weights, reference decode, batch 1): exact "
+                     f"{sp['tokens_per_s_exact']:,.1f} tok/s; with the cache {r.get(thr, float('nan')):.2f}x at threshold "
+                     f"{thr:g}, best {r[best]:.2f}x at threshold {best:g} (skipping {sp['skipped_of_step'][best]:.2%} "
+                     "of the step's FLOPs).")
+    held = [m for m, q in v["quality"].items() if q["holds"]]
+    lines += ["", f"**Verdict:** the claim {'holds for ' + ', '.join(held) if held else 'does not hold on either checkpoint'} "
+              f"by our test (at least {claim:.0%} of the cores skipped at threshold {thr:g} with held-out bits per byte "
+              f"up by less than {v['free_bpb_increase']:.0%})."]
+    return "\n".join(lines)
