@@ -159,7 +159,8 @@ def article_cache_curves(doc: dict, axes=None):
     on the x axis (0 cannot go on a log axis), labelled with their values.
     """
     rows = [r for r in doc["results"] if not r.get("error")]
-    quality = [r for r in rows if r["measure"] == "quality"]
+    quality = [dict(r, model=r["model"] if r.get("context", "held-out") == "held-out" else f"{r['model']}, {r['context']}")
+               for r in rows if r["measure"] == "quality"]
     speed = [r for r in rows if r["measure"] == "speed"]
     thresholds = sorted({r["threshold"] for r in rows})
     pos = {t: i for i, t in enumerate(thresholds)}
@@ -172,7 +173,8 @@ def article_cache_curves(doc: dict, axes=None):
         ax.plot([pos[r["threshold"]] for r in rs], [value(r) for r in rs], marker="o", **kw)
 
     models = sorted({r["model"] for r in quality})
-    colors = dict(zip(models, ["#2e86c1", "#9b59b6", "#27ae60", "#d9534f"]))
+    palette = ["#2e86c1", "#9b59b6", "#27ae60", "#d9534f", "#f0ad4e", "#34495e"]
+    colors = {m: palette[i % len(palette)] for i, m in enumerate(models)}
     ax = axes[0]
     for m in models:
         rs = [r for r in quality if r["model"] == m]
