@@ -347,3 +347,19 @@ def _step_flops(model: HybridLM) -> float:
     lm_head is the embedding matrix, counted once as the head)."""
     flops = sum(2 * p.numel() for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("embed."))
     return float(flops + 2 * model.lm_head_weight.numel())
+
+
+def core_share_of_step(model: HybridLM, context: int) -> dict:
+    """The prediction before measuring: FLOPs of one decode token at ``context`` visible keys, split
+    into the attention and GDN cores (what the article's cache can skip) and the weights (what it
+    cannot), with the same per-element counts the cache counts at run time. Skipping every core
+    entirely would save at most ``cores / total`` of the step."""
+    cfg = model.cfg
+    att = cfg.layer_types.count("attention") * 4.0 * cfg.num_heads * cfg.head_dim * context
+    gdn = cfg.layer_types.count("gdn") * float(GDN_UPDATE_FLOPS + GDN_READOUT_FLOPS) * (
+        cfg.gdn_num_v_heads * cfg.gdn_k_head_dim * cfg.gdn_v_head_dim if "gdn" in cfg.layer_types else 0)
+    weights = _step_flops(model)
+    total = att + gdn + weights
+    return {"context": context, "attention_core": att, "gdn_core": gdn, "weights": weights, "total": total,
+            "max_skippable_of_step": (att + gdn) / total,
+            "gdn_bound_of_step": (att + GDN_SKIP_BOUND * gdn) / total}

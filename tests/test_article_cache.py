@@ -193,3 +193,20 @@ def test_kinds_limits_the_approximation_to_those_layers():
     _decode(ac, model, ids)
     s = ac.stats()
     assert set(s["by_kind"]) == {"gdn"} and s["by_kind"]["gdn"]["reuses"] > 0
+
+
+def test_core_share_matches_what_the_cache_counts():
+    """The prediction helper and the run-time count agree on one exact decode step's core FLOPs."""
+    from labkit.article_cache import core_share_of_step
+
+    model = _model("tiny-qwen3.5")
+    ids = _ids(model, PROMPT + 1)
+    ac = ArticleCache(model, threshold=0.0)
+    cache = model.new_cache(B, ids.shape[1])
+    ac(ids[:, :PROMPT], cache)
+    ac(ids[:, PROMPT:], cache)
+    share = core_share_of_step(model, context=PROMPT + 1)
+    s = ac.stats()
+    assert s["all"]["exact_flops"] == B * (share["attention_core"] + share["gdn_core"])
+    assert s["all"]["step_flops_exact"] == B * share["total"]
+    assert 0 < share["gdn_bound_of_step"] < share["max_skippable_of_step"] < 1
