@@ -280,3 +280,79 @@ def roofline_with_measurements(configs: Sequence[ModelConfig], bytes_per_s: floa
     ax.set_ylabel("TFLOP/s")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.16))
     return ax
+
+
+ARTICLE_CLAIM_SKIPPED = 0.60  # the article's "-60% compute for stable contexts", drawn as its claim
+
+
+def article_cache_curves(doc: dict, axes=None):
+    """The article's two-level cache across reuse thresholds (a results file of ``bench article-cache``).
+
+    Panels: the counted share of the cores' work skipped (trained checkpoints; the article's claim as
+    a dashed line), the cost (logit relative RMS error and the held-out bits per byte added), the
+    agreement with the exact path (top-1 per position, free-running greedy tokens), and decode tok/s
+    relative to the exact path at the real shapes with random weights. Thresholds sit at even steps
+    on the x axis (0 cannot go on a log axis), labelled with their values.
+    """
+    rows = [r for r in doc["results"] if not r.get("error")]
+    quality = [dict(r, model=r["model"] if r.get("context", "held-out") == "held-out" else f"{r['model']}, {r['context']}")
+               for r in rows if r["measure"] == "quality"]
+    speed = [r for r in rows if r["measure"] == "speed"]
+    thresholds = sorted({r["threshold"] for r in rows})
+    pos = {t: i for i, t in enumerate(thresholds)}
+    if axes is None:
+        _, axes = plt.subplots(1, 4 if speed else 3, figsize=(16 if speed else 12.5, 3.6), constrained_layout=True)
+    axes = list(axes)
+
+    def curve(ax, rs, value, **kw):
+        rs = sorted(rs, key=lambda r: r["threshold"])
+        ax.plot([pos[r["threshold"]] for r in rs], [value(r) for r in rs], marker="o", **kw)
+
+    models = sorted({r["model"] for r in quality})
+    palette = ["#2e86c1", "#9b59b6", "#27ae60", "#d9534f", "#f0ad4e", "#34495e"]
+    colors = {m: palette[i % len(palette)] for i, m in enumerate(models)}
+    ax = axes[0]
+    for m in models:
+        rs = [r for r in quality if r["model"] == m]
+        curve(ax, rs, lambda r: r["skipped_of_core"]["all"], color=colors[m], label=f"{m}: of the cores")
+        curve(ax, rs, lambda r: r["skipped_of_step"], color=colors[m], ls=":", label=f"{m}: of the whole step")
+    ax.axhline(ARTICLE_CLAIM_SKIPPED, color="k", ls="--", lw=1, label="article's claim (-60%)")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of the work skipped (counted FLOPs)")
+    ax.set_title("work skipped, trained checkpoints", fontsize=9)
+
+    ax = axes[1]
+    for m in models:
+        rs = [r for r in quality if r["model"] == m]
+        curve(ax, rs, lambda r: r["logit_rel_rms"], color=colors[m], label=f"{m}: logits, relative RMS error")
+        curve(ax, rs, lambda r: r["bits_per_byte"] - r["bits_per_byte_exact"], color=colors[m], ls="--",
+              label=f"{m}: held-out bits/byte added")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_ylabel("error against the exact path")
+    ax.set_title("what it costs", fontsize=9)
+
+    ax = axes[2]
+    for m in models:
+        rs = [r for r in quality if r["model"] == m]
+        curve(ax, rs, lambda r: r["top1_agreement"], color=colors[m], label=f"{m}: top-1, teacher-forced")
+        curve(ax, rs, lambda r: r["greedy_agreement"], color=colors[m], ls="--", label=f"{m}: greedy tokens")
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("agreement with the exact path")
+    ax.set_title("same tokens?", fontsize=9)
+
+    if speed:
+        ax = axes[3]
+        for i, m in enumerate(sorted({r["model"] for r in speed})):
+            rs = [r for r in speed if r["model"] == m]
+            curve(ax, rs, lambda r: r["tokens_per_s"] / r["tokens_per_s_exact"], color=["#f0ad4e", "#34495e"][i % 2],
+                  label=f"{m}: tok/s / exact")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("decode tok/s relative to the exact path")
+        ax.set_title(f"speed, real shapes, random weights ({doc.get('gpu') or 'cpu'})", fontsize=9)
+
+    for ax in axes:
+        ax.set_xticks(range(len(thresholds)), [f"{t:g}" for t in thresholds])
+        ax.set_xlabel("reuse threshold (change of the gates vs their EMA)")
+        ax.legend(fontsize=6)
+    return axes

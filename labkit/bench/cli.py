@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,tma,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,tma,article-cache,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import torch
 from ..config import PRESETS
 from ..hw import device_facts
 from ..model import HybridLM, build
+from .article_cache import add_arguments as add_article_cache_arguments
+from .article_cache import command_line as article_cache_command
+from .article_cache import run as run_article_cache
 from .decode import PEERS, DecodeResult, time_decode, time_prefill
 from .ops import bench_ops
 from .results import DATA_DIR, load_results, markdown_table, update_readme, write_results
@@ -69,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
                            help="also time labkit.generate called N times in a row, set-up included (labkit backends)")
         else:
             s.add_argument("--lengths", nargs="+", type=int, default=[512, 4096])
+    ac = sub.add_parser("article-cache", help="the article's two-level cache: skipped work, error, bits per byte, "
+                        "tok/s across thresholds (labkit.bench.article_cache)")
+    add_article_cache_arguments(ac)
+    ac.add_argument("--data-dir", type=Path, default=DATA_DIR)
     sub.add_parser("hw")
     t = sub.add_parser("table")
     t.add_argument("--readme", type=Path, help="rewrite the results section of this README")
@@ -100,6 +107,13 @@ def main(argv: list[str]) -> int:
     facts = device_facts(device)
     print(f"{facts.name}: copy {facts.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {facts.bf16_flops / 1e12:.0f} TFLOP/s")
     if args.what == "hw":
+        return 0
+    if args.what == "article-cache":
+        args.device = device
+        rows = run_article_cache(args)
+        path = write_results(args.name, "article-cache", rows, facts, command=article_cache_command(argv),
+                             data_dir=args.data_dir)
+        print(f"wrote {path}")
         return 0
     rows: list = []
     for model in _models(args.models, device, torch.bfloat16):
