@@ -56,6 +56,7 @@ import torch
 from .cache import CacheFullError, HybridCache
 from .fused import weights_key
 from .model import HybridLM
+from .ops.mixers import MixerCores
 
 POLICIES = ("lru", "flops")
 
@@ -213,31 +214,50 @@ class PrefixCache:
         restore = [p[:hit_blocks] for p in paths]
         for node in {id(n): n for p in restore for n in p}.values():
             self._check_snapshot(node, cache)  # before the reset: a bad snapshot leaves the cache as it was
-        cache.reset()
+        cache.reset(zero=not hit_blocks)  # a restore overwrites every state: zeroing them first is wasted launches
         if hit_blocks:
             self._restore(cache, restore)
         # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}
-        logits = None
-        pos = hit_blocks * bs
+        start = hit_blocks * bs
+        if getattr(decoder, "prefill_cores", None) is None:
+            logits = self._prefill_block_by_block(decoder, cache, input_ids, rows, start, current, pinned)
+        elif start and T - start < bs and hasattr(decoder, "prefill_continuation"):
+            logits = decoder.prefill_continuation(input_ids[:, start:])  # no boundary to read: replayable
+        else:  # one prefill of the rest, the states at its block boundaries read while it runs
+            boundaries = _BoundaryStates(decoder, cache, bs, (T - start) // bs)
+            logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
+            for j in range(boundaries.count):
+                at = start + j * bs
+                for r in range(B):
+                    conv, recurrent = boundaries.row(r, j)
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][at : at + bs]), pinned, conv, recurrent)
+        return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
+
+    def _prefill_block_by_block(self, decoder: Any, cache: HybridCache, input_ids: torch.Tensor, rows: list,
+                                pos: int, current: list, pinned: set[int]) -> torch.Tensor:
+        """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
+        boundary's state read from the cache after the block."""
+        bs, (B, T) = self.block_size, input_ids.shape
         while pos < T:
             end = min(pos + bs, T)
             logits = decoder.prefill(input_ids[:, pos:end])
             if end - pos == bs:
                 for r in range(B):
-                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned)
+                    conv = {i: s[r] for i, s in cache.conv_states.items()}
+                    recurrent = {i: s[r] for i, s in cache.recurrent_states.items()}
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned, conv, recurrent)
             pos = end
-        return PrefixPrefill(logits=logits, restored=hit_blocks * bs, row_hits=row_hits)
+        return logits
 
     def _restore(self, cache: HybridCache, paths: list[list[_Node]]) -> None:
         bs = self.block_size
         for r, path in enumerate(paths):
-            for node in path:
-                at = slice((node.depth - 1) * bs, node.depth * bs)
-                for i, k in node.keys.items():
-                    cache.keys[i][r, :, at].copy_(k)
-                    cache.values[i][r, :, at].copy_(node.values[i])
+            at = slice(0, len(path) * bs)  # the path's blocks are positions 0 .. len(path) * bs, in order
+            for i in path[-1].keys:  # one copy per layer (copies are launches: a hit is timed by them)
+                cache.keys[i][r, :, at].copy_(torch.cat([n.keys[i] for n in path], dim=1))
+                cache.values[i][r, :, at].copy_(torch.cat([n.values[i] for n in path], dim=1))
             last = path[-1]
             for i, s in last.conv_states.items():
                 cache.conv_states[i][r].copy_(s)
@@ -264,8 +284,10 @@ class PrefixCache:
                     )
 
     # -- storing and eviction ------------------------------------------------------------------------
-    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int]) -> _Node | None:
-        """The node for row ``r`` after ``block`` below ``parent``: found, or stored from the cache now."""
+    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int],
+                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> _Node | None:
+        """The node for row ``r`` after ``block`` below ``parent``: found, or stored now from the cache's
+        KV of that block and the row's states at the boundary (``conv``, ``recurrent``: layer -> state)."""
         if parent is None:
             return None
         node = parent.children.get(block)
@@ -278,8 +300,8 @@ class PrefixCache:
                 parent=parent, block=block, depth=depth,
                 keys={i: k[r, :, at].clone() for i, k in cache.keys.items()},
                 values={i: v[r, :, at].clone() for i, v in cache.values.items()},
-                conv_states={i: s[r].clone() for i, s in cache.conv_states.items()},
-                recurrent_states={i: s[r].clone() for i, s in cache.recurrent_states.items()},
+                conv_states={i: s.clone() for i, s in conv.items()},
+                recurrent_states={i: s.clone() for i, s in recurrent.items()},
             )
             parent.children[block] = node
             self.nbytes += node.nbytes
@@ -316,6 +338,11 @@ class PrefixCache:
             self.evictions += 1
         return True
 
+    def stats(self) -> dict:
+        """Snapshots, bytes held, budget and evictions so far."""
+        return {"snapshots": len(self), "bytes": self.nbytes, "budget_bytes": self.budget_bytes,
+                "evictions": self.evictions, "block_size": self.block_size, "policy": self.policy}
+
     def clear(self) -> None:
         """Drop every snapshot."""
         self.root.children.clear()
@@ -326,3 +353,67 @@ class PrefixCache:
             f"PrefixCache({self.cfg.name}, {self.dtype}, block_size={self.block_size}, policy={self.policy}, "
             f"snapshots={len(self)}, {self.nbytes}/{self.budget_bytes} bytes)"
         )
+
+
+class _BoundaryStates:
+    """The conv windows and recurrent states at the block boundaries of one prefill call, read while it
+    runs: ``cores`` wrap the decoder's own prefill cores (:meth:`Decoder.prefill_cores`).
+
+    The model calls the conv core once per conv or GDN layer and the delta rule once per GDN layer,
+    in layer order, so the n-th call belongs to the n-th such layer of the cache. A conv window after
+    ``e`` tokens is rows ``e .. e+K-2`` of (old window, new inputs): the inputs are all in hand.
+    A recurrent state comes from the chunk kernel's checkpoints when the decoder's delta rule takes
+    them and the block is a multiple of its chunk (one walk, no re-run); otherwise the delta rule
+    is called piece by piece between boundaries (the same function, rounded as a block-by-block
+    prefill would be) and the state is read between the pieces.
+    """
+
+    def __init__(self, decoder: Any, cache: HybridCache, every: int, count: int) -> None:
+        self.every, self.count = every, count
+        self._conv_layers, self._gdn_layers = list(cache.conv_states), list(cache.recurrent_states)
+        self._conv_calls = self._gdn_calls = 0
+        self.conv: dict[int, torch.Tensor] = {}  # layer -> [B, count, K-1, C]
+        self.recurrent: dict[int, torch.Tensor] = {}  # layer -> [B, count, Hv, K, V] float32
+        multiple = getattr(decoder, "checkpoint_multiple", None)
+        self.from_kernel = bool(count and multiple and every % multiple == 0)
+        self._checkpoints: list[torch.Tensor] = []
+        self.base = decoder.prefill_cores(every, self._checkpoints) if self.from_kernel else decoder.prefill_cores()
+        self.cores = MixerCores(delta_rule=self._delta_rule, attend=self.base.attend, conv=self._conv)
+
+    def _ends(self) -> list[int]:
+        return [self.every * (j + 1) for j in range(self.count)]
+
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
+        layer = self._conv_layers[self._conv_calls]
+        self._conv_calls += 1
+        y, new_state = self.base.conv(x, weight, state)
+        if self.count:
+            u, width = torch.cat((state.to(x.dtype), x), dim=1), weight.shape[1] - 1
+            self.conv[layer] = torch.stack([u[:, e : e + width] for e in self._ends()], dim=1).to(state.dtype)
+        return y, new_state
+
+    def _delta_rule(self, q, k, v, g, beta, state=None):
+        layer = self._gdn_layers[self._gdn_calls]
+        self._gdn_calls += 1
+        if not self.count:
+            return self.base.delta_rule(q, k, v, g, beta, state)
+        if self.from_kernel:
+            out = self.base.delta_rule(q, k, v, g, beta, state)
+            self.recurrent[layer] = self._checkpoints[-1]
+            return out
+        outs, states, a = [], [], 0
+        cuts = self._ends() + ([q.shape[1]] if self._ends()[-1] < q.shape[1] else [])
+        for b in cuts:
+            o, state = self.base.delta_rule(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], state)
+            outs.append(o)
+            if len(states) < self.count:
+                states.append(state.clone())  # a copy: a fused rule updates the state in place
+            a = b
+        self.recurrent[layer] = torch.stack(states, dim=1)
+        return torch.cat(outs, dim=1), state
+
+    def row(self, r: int, j: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Row ``r``'s conv windows and recurrent states at boundary ``j`` (after (j+1) blocks of the call)."""
+        if self._conv_calls != len(self._conv_layers) or self._gdn_calls != len(self._gdn_layers):
+            raise RuntimeError("the prefill did not call every layer's conv and delta rule once: no snapshot taken")
+        return ({i: s[r, j] for i, s in self.conv.items()}, {i: s[r, j] for i, s in self.recurrent.items()})
