@@ -16,12 +16,14 @@ Three experiments, each row checked against the run without a prefix cache:
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import workloads as wl
-from ..generate import generate
+from ..backends import pooled_decoder
+from ..generate import _sync, generate
 from ..model import HybridLM
 from ..prefix_cache import PrefixCache
 from ..snapshot_precision import snapshot_precision
@@ -40,6 +42,7 @@ class TtftRow:
     ttft_miss_ms: float  # the first request: nothing to restore, snapshots stored
     ttft_first_hit_ms: float
     ttft_hit_ms: float  # median of the later hits
+    hit_prefill_ms: float  # PrefixCache.prefill alone on a hit (restore + the tail), median, synchronised
     speedup: float  # no cache / hit
     mismatches: int  # hits whose greedy tokens differ from the run without a cache
     hits: int
@@ -107,7 +110,7 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
     """TTFT without a cache and with hits on a shared ``prefix`` (module docstring)."""
     vocab, device = model.cfg.vocab_size, model.device
     reqs = wl.shared_prefix(repeats + 3, prefix, suffix, vocab, seed=prefix + suffix)
-    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 5, 0, 0, 0, 0)
+    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 6, 0, 0, 0, 0)
     try:
         generate(model, _ids(reqs[0].tokens, device), new_tokens, backend=backend)  # warm-up: compile, capture
         plain, want = [], []
@@ -127,6 +130,15 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
                 hits += out.prefix_hit > 0
                 mismatches += not torch.equal(out.tokens, want[i])
         row.restored, row.hits, row.mismatches = restored, hits, mismatches
+        decoder, _ = pooled_decoder(backend, model, 1, prefix + suffix + new_tokens)
+        alone = []
+        for r in reqs[1:]:
+            _sync(device)
+            t0 = time.perf_counter()
+            pc.prefill(decoder, _ids(r.tokens, device))
+            _sync(device)
+            alone.append(time.perf_counter() - t0)
+        row.hit_prefill_ms = _ms(statistics.median(alone))
         row.ttft_nocache_ms = _ms(statistics.median(plain[1:]))
         row.ttft_miss_ms, row.ttft_first_hit_ms = _ms(times[0]), _ms(times[1])
         row.ttft_hit_ms = _ms(statistics.median(times[2:]))
@@ -208,7 +220,7 @@ def print_row(r) -> None:
     elif isinstance(r, TtftRow):
         print(f"{'ttft':>9} {r.model:>14} {r.backend:>12} bs={r.block_size:<4} {r.prefix}+{r.suffix}: restored {r.restored}, "
               f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
-              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x; mismatches {r.mismatches}/{r.hits} hits")
+              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); mismatches {r.mismatches}/{r.hits} hits")
     elif isinstance(r, WorkloadRow):
         print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>5} budget {r.budget_snapshots:g} "
               f"snapshots: hit rate {r.hit_rate:.1%} (ceiling {r.ceiling_hit_rate:.1%}), TTFT median {r.ttft_ms_median:.2f} "
