@@ -12,16 +12,27 @@ Snapshots live in a trie over token blocks (a radix tree whose edges are one blo
 node reached by blocks ``x[0:bs], x[bs:2bs], ..., x[(k-1)bs:k bs]`` holds the state after ``k bs``
 tokens. :meth:`PrefixCache.prefill` finds the longest cached prefix, copies the path's KV blocks and
 the deepest node's conv and recurrent states into the decoder's cache, sets the lengths, and then
-prefills only the rest, block by block through the decoder's own prefill, snapshotting each new
-boundary. Restoring copies stored tensors, so the state it rebuilds is bitwise the state that the
-same block-by-block prefill left; a hit gives the logits of no cache at all up to the float32
-rounding of a block-by-block prefill against a one-shot one (the tests hold it to 1e-5 relative).
+prefills only the rest in one call of the decoder's prefill, reading the state at each block
+boundary inside it (no second pass): the conv windows from the conv's own inputs, the recurrent
+states from the chunk kernel's checkpoints (``checkpoints=`` of
+:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) when the decoder's delta rule is that kernel
+and the block is a multiple of its 64-token chunk, else by calling the delta rule piece by piece
+between boundaries; the KV blocks are sliced from the cache afterwards. A tail shorter than a block
+after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
+captured per (restored length, tail length) (:meth:`labkit.fused.FusedDecoder.prefill_continuation`).
+A decoder without ``prefill_cores`` is run block by block through its own prefill instead.
+Restoring copies stored tensors; a hit gives the logits of no cache at all up to float32 rounding
+(the chunked delta rule restarts its chunks at the restored boundary; the tests hold the
+difference to 1e-5 relative in float32).
 Snapshots are kept on the model's device (``budget_bytes`` counts that memory). Restoring writes
 the cache's buffers in place and advances its lengths, so decoders with captured graphs
 (``fused+graph``) keep replaying them.
 
 Behaviour at the edges, by design:
 
+- snapshots of the recurrent state are float32 like the cache's (1 MiB per Qwen3.5-0.8B GDN layer
+  per snapshot): exactness is the contract, and :mod:`labkit.snapshot_precision` measures what bf16
+  snapshots would cost instead;
 - at most ``(T - 1) // block_size`` blocks of a ``T``-token prompt are restored: the last prompt
   token is always run, since its logits are what the caller needs (and no logits are stored); a
   prompt of at most one block (``T <= block_size``) therefore always misses, and one shorter than a
