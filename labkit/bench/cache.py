@@ -275,3 +275,21 @@ def run_cache_bench(args, device: str) -> list:
         if gpu:
             torch.cuda.empty_cache()
     return rows
+
+
+@torch.no_grad()
+def replay_stream(model: HybridLM, requests: list[wl.Request], block_size: int, budget_snapshots: float,
+                  policy: str, backend: str = "reference") -> dict:
+    """Only the cache's bookkeeping on a stream: every prompt prefilled through one PrefixCache, no
+    decoding, no timing (for the notebook's widget). Returns the token hit rate, its ceiling, the
+    bytes held at the end, and evictions."""
+    from ..backends import make_decoder
+
+    snap = PrefixCache(model, block_size, budget_bytes=2**62).snapshot_bytes
+    pc = PrefixCache(model, block_size, int(budget_snapshots * snap), policy=policy)
+    longest = max(len(r) for r in requests)
+    decoder = make_decoder(backend, model, model.new_cache(1, longest))
+    restored = sum(pc.prefill(decoder, _ids(r.tokens, model.device)).restored for r in requests)
+    total = sum(len(r) for r in requests)
+    return {"hit_rate": restored / total, "ceiling": wl.reusable_tokens(requests, block_size) / total,
+            "bytes": pc.nbytes, "snapshot_bytes": snap, "evictions": pc.evictions}

@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,cache,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
