@@ -486,7 +486,8 @@ class FusedDecoder:
         (cached length, T) and replayed: an eager prefill of a few tokens costs its launches, not its
         arithmetic. The inputs are checked eagerly first; the first call of a shape runs it once
         outside the capture (kernels compile), putting the states it shifts back, as ``_capture``
-        does. Without ``graph``, or for an empty cache, this is :meth:`prefill`."""
+        does. The returned logits are overwritten by the next replay of the same shape (as ``step``'s).
+        Without ``graph``, or for an empty cache, this is :meth:`prefill`."""
         cache = self.cache
         if not self.graph or cache.seq_len == 0:
             return self.prefill(input_ids)

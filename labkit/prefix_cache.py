@@ -349,11 +349,6 @@ class PrefixCache:
             self.evictions += 1
         return True
 
-    def stats(self) -> dict:
-        """Snapshots, bytes held, budget and evictions so far."""
-        return {"snapshots": len(self), "bytes": self.nbytes, "budget_bytes": self.budget_bytes,
-                "evictions": self.evictions, "block_size": self.block_size, "policy": self.policy}
-
     def clear(self) -> None:
         """Drop every snapshot."""
         self.root.children.clear()
