@@ -45,6 +45,14 @@ Behaviour at the edges, by design:
   paths of the prompt being prefilled are pinned. If no leaf can go, the snapshot (and the deeper
   ones of that row in this call) is not stored: results stay exact, only later hits are shorter.
 
+Admission: ``"every"`` (the default) stores the states at every block boundary, so any prefix of
+a cached prompt can be restored. ``"ends"`` (after Marconi, Pan et al. 2024) stores every block's KV
+but the states only at two boundaries per prompt: its deepest one, and its branch point, the deepest
+boundary already in the trie when it arrives (where a prompt sharing the same prefix is likely to
+leave it again). Such a trie is mostly KV, a few times smaller for the same prompts; a restore stops
+only at a node with states, so a prompt whose chain of blocks does not fit the budget (the states
+come last, at its end) leaves nothing to restore.
+
 Policies: ``"lru"`` evicts the least recently used leaf. ``"flops"`` (after Marconi, Pan et al.
 2024: keep what saves most compute per byte) evicts the leaf with the fewest FLOPs saved per byte it
 holds, with least recent use breaking ties. A hit on a node of depth ``k`` blocks saves the
@@ -70,6 +78,7 @@ from .model import HybridLM
 from .ops.mixers import MixerCores
 
 POLICIES = ("lru", "flops")
+ADMISSIONS = ("every", "ends")
 
 
 @dataclass(eq=False)
@@ -85,6 +94,12 @@ class _Node:
     recurrent_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> float32 state
     children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
     last_used: int = 0
+    has_states: bool = True  # False: the block's KV only (admission "ends"): a way through, not a hit
+
+    def attach_states(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
+        self.conv_states = {i: s.clone() for i, s in conv.items()}
+        self.recurrent_states = {i: s.clone() for i, s in recurrent.items()}
+        self.has_states = True
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.keys.values(), *self.values.values(), *self.conv_states.values(), *self.recurrent_states.values()]
@@ -110,16 +125,22 @@ class PrefixCache:
     ``.model``, ``.cache`` and ``.prefill``).
     """
 
-    def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru") -> None:
+    def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
+                 admission: str = "every") -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; available: {', '.join(POLICIES)}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission {admission!r}; available: {', '.join(ADMISSIONS)}")
+        self.admission = admission
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self._weights = weights_key(model)
         self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
         self.flops_per_token = 2 * model.num_parameters()
         self.snapshot_bytes = self._snapshot_bytes()
+        probe = HybridCache(self.cfg, 1, 1, self.dtype, "meta")
+        self._states_bytes = sum(t.numel() * t.element_size() for t in [*probe.conv_states.values(), *probe.recurrent_states.values()])
         if budget_bytes < self.snapshot_bytes:
             raise ValueError(
                 f"budget_bytes={budget_bytes} is smaller than one snapshot ({self.snapshot_bytes} bytes for "
@@ -149,13 +170,18 @@ class PrefixCache:
     def _usable_blocks(self, length: int) -> int:
         return (length - 1) // self.block_size  # the last token always runs: its logits are the output
 
+    @staticmethod
+    def _stated_depths(path: list[_Node]) -> set[int]:
+        """Depths (in blocks) along a path where a restore can stop: the nodes that hold states."""
+        return {n.depth for n in path if n.has_states}
+
     def lookup(self, tokens: torch.Tensor | list[int]) -> int:
         """How many tokens of a one-sequence prompt ``prefill`` would restore (a multiple of block_size)."""
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-        return len(self._path(tokens, self._usable_blocks(len(tokens)))) * self.block_size
+        return max(self._stated_depths(self._path(tokens, self._usable_blocks(len(tokens)))), default=0) * self.block_size
 
     def __len__(self) -> int:
-        """Snapshots held."""
+        """Nodes held: snapshots (with admission "ends", also blocks of KV alone)."""
         count, stack = 0, [self.root]
         while stack:
             node = stack.pop()
@@ -215,8 +241,9 @@ class PrefixCache:
         rows = input_ids.tolist()
         usable = self._usable_blocks(T)
         paths = [self._path(row, usable) for row in rows]
-        row_hits = [len(p) * bs for p in paths]
-        hit_blocks = min(len(p) for p in paths)
+        stated = [self._stated_depths(p) for p in paths]
+        row_hits = [max(d, default=0) * bs for d in stated]
+        hit_blocks = max(set.intersection(*stated), default=0)  # a depth where every row can stop
         self._clock += 1
         for path in paths:
             for node in path:
@@ -232,8 +259,16 @@ class PrefixCache:
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}
         start = hit_blocks * bs
+        # which new boundaries get states: all ("every"), or (Marconi's admission, "ends") only the
+        # deepest one of this prompt and its branch point (the deepest one already in the trie, where
+        # the next prompt that shares this prefix is likely to leave it)
+        count = (T - start) // bs
+        if self.admission == "every":
+            admit = [set(range(count)) for _ in paths]
+        else:
+            admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if getattr(decoder, "prefill_cores", None) is None:
-            logits = self._prefill_block_by_block(decoder, cache, input_ids, rows, start, current, pinned)
+            logits = self._prefill_block_by_block(decoder, cache, input_ids, rows, start, current, pinned, admit)
         elif start and T - start < bs and hasattr(decoder, "prefill_continuation"):
             logits = decoder.prefill_continuation(input_ids[:, start:])  # no boundary to read: replayable
         else:  # one prefill of the rest, the states at its block boundaries read while it runs
@@ -242,15 +277,17 @@ class PrefixCache:
             for j in range(boundaries.count):
                 at = start + j * bs
                 for r in range(B):
-                    conv, recurrent = boundaries.row(r, j)
-                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][at : at + bs]), pinned, conv, recurrent)
+                    conv, recurrent = boundaries.row(r, j) if j in admit[r] else ({}, {})
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][at : at + bs]), pinned,
+                                                conv, recurrent, j in admit[r])
         return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
 
     def _prefill_block_by_block(self, decoder: Any, cache: HybridCache, input_ids: torch.Tensor, rows: list,
-                                pos: int, current: list, pinned: set[int]) -> torch.Tensor:
+                                pos: int, current: list, pinned: set[int], admit: list[set[int]]) -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
         boundary's state read from the cache after the block."""
         bs, (B, T) = self.block_size, input_ids.shape
+        first = pos
         while pos < T:
             end = min(pos + bs, T)
             logits = decoder.prefill(input_ids[:, pos:end])
@@ -258,7 +295,9 @@ class PrefixCache:
                 for r in range(B):
                     conv = {i: s[r] for i, s in cache.conv_states.items()}
                     recurrent = {i: s[r] for i, s in cache.recurrent_states.items()}
-                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned, conv, recurrent)
+                    states = (pos - first) // bs in admit[r]
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned,
+                                                conv, recurrent, states)
             pos = end
         return logits
 
@@ -279,12 +318,16 @@ class PrefixCache:
     def _check_snapshot(self, node: _Node, cache: HybridCache) -> None:
         """A snapshot must match the cache's buffers in layers, shape and dtype, or nothing is restored."""
         bs = self.block_size
-        for held, bufs, shape in [
+        parts = [
             (node.keys, cache.keys, lambda b: (b.shape[1], bs, b.shape[3])),
             (node.values, cache.values, lambda b: (b.shape[1], bs, b.shape[3])),
-            (node.conv_states, cache.conv_states, lambda b: tuple(b.shape[1:])),
-            (node.recurrent_states, cache.recurrent_states, lambda b: tuple(b.shape[1:])),
-        ]:
+        ]
+        if node.has_states:
+            parts += [
+                (node.conv_states, cache.conv_states, lambda b: tuple(b.shape[1:])),
+                (node.recurrent_states, cache.recurrent_states, lambda b: tuple(b.shape[1:])),
+            ]
+        for held, bufs, shape in parts:
             if held.keys() != bufs.keys():
                 raise ValueError("a snapshot's layers do not match the cache's: it was made for another model")
             for i, t in held.items():
@@ -296,14 +339,20 @@ class PrefixCache:
 
     # -- storing and eviction ------------------------------------------------------------------------
     def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int],
-                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> _Node | None:
+                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor], states: bool = True) -> _Node | None:
         """The node for row ``r`` after ``block`` below ``parent``: found, or stored now from the cache's
-        KV of that block and the row's states at the boundary (``conv``, ``recurrent``: layer -> state)."""
+        KV of that block and, with ``states``, the row's states at the boundary (``conv``, ``recurrent``:
+        layer -> state; a node found without states gets them)."""
         if parent is None:
             return None
         node = parent.children.get(block)
+        if node is not None and states and not node.has_states:
+            if self._make_room(pinned | {id(node)}, self._states_bytes):
+                before = node.nbytes
+                node.attach_states(conv, recurrent)
+                self.nbytes += node.nbytes - before
         if node is None:
-            if not self._make_room(pinned):
+            if not self._make_room(pinned, self.snapshot_bytes if states else self.snapshot_bytes - self._states_bytes):
                 return None
             depth = parent.depth + 1
             at = slice((depth - 1) * self.block_size, depth * self.block_size)
@@ -311,9 +360,10 @@ class PrefixCache:
                 parent=parent, block=block, depth=depth,
                 keys={i: k[r, :, at].clone() for i, k in cache.keys.items()},
                 values={i: v[r, :, at].clone() for i, v in cache.values.items()},
-                conv_states={i: s.clone() for i, s in conv.items()},
-                recurrent_states={i: s.clone() for i, s in recurrent.items()},
+                has_states=states,
             )
+            if states:
+                node.attach_states(conv, recurrent)
             parent.children[block] = node
             self.nbytes += node.nbytes
         node.last_used = self._clock
@@ -331,15 +381,16 @@ class PrefixCache:
         return leaves
 
     def _eviction_score(self, node: _Node) -> tuple:
-        """Lowest goes first. lru: last use. flops: FLOPs a hit on it saves per byte it holds, then last use."""
+        """Lowest goes first. A leaf without states saves nothing and goes before any other. lru: last
+        use. flops: FLOPs a hit on it saves per byte it holds, then last use."""
         if self.policy == "lru":
-            return (node.last_used,)
+            return (node.has_states, node.last_used)
         saved = self.flops_per_token * node.depth * self.block_size
-        return (saved / node.nbytes, node.last_used)
+        return (node.has_states, saved / node.nbytes, node.last_used)
 
-    def _make_room(self, pinned: set[int]) -> bool:
-        """Evict unpinned leaves until one more snapshot fits the budget; False if it cannot."""
-        while self.nbytes + self.snapshot_bytes > self.budget_bytes:
+    def _make_room(self, pinned: set[int], need: int) -> bool:
+        """Evict unpinned leaves until ``need`` more bytes fit the budget; False if they cannot."""
+        while self.nbytes + need > self.budget_bytes:
             leaves = self._leaves(pinned)
             if not leaves:
                 return False

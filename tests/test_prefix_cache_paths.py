@@ -158,3 +158,43 @@ def test_bf16_snapshots_halve_the_state_and_cost_a_measured_error():
     assert len(r.rel_err) == 4 and 0 < max(r.rel_err) < 0.1
     with pytest.raises(ValueError, match="no Gated DeltaNet"):
         snapshot_precision(labkit.build("tiny-lfm2", dtype=torch.float32, device=DEVICE), _ids(50, 8)[0], steps=2)
+
+
+@pytest.mark.parametrize("policy", ["lru", "flops"])
+def test_admission_at_ends_and_branch_points_is_exact_and_smaller(policy):
+    model = labkit.build("tiny-qwen3.5", dtype=torch.float32, device=DEVICE, seed=5)
+    v, bs = model.cfg.vocab_size, 8
+    every = labkit.PrefixCache(model, bs, budget_bytes=10**8, policy=policy)
+    ends = labkit.PrefixCache(model, bs, budget_bytes=10**8, policy=policy, admission="ends")
+    decoder = make_decoder("reference", model, model.new_cache(1, 48))
+    shared = _ids(v, 16, seed=1)
+    a = torch.cat([shared, _ids(v, 13, seed=2)], 1)  # 3 blocks + 5: states at depth 3 only
+    b = torch.cat([shared, _ids(v, 11, seed=3)], 1)  # leaves a's path after 2 blocks: its branch point
+    c = torch.cat([shared, _ids(v, 4, seed=4)], 1)
+    for prefix in (every, ends):
+        for ids, hit in [(a, 0), (b, 16 if prefix is every else 0), (c, 16), (a, 24)]:
+            got = prefix.prefill(decoder, ids)
+            assert got.restored == hit, (prefix.admission, hit, got.restored)
+            assert rel_err(got.logits, model(ids)[:, -1]) < 1e-5
+    # the same 4 blocks; states at a's end, b's end and their branch point (depth 2), not at depth 1
+    assert len(ends) == len(every) == 4 and every.nbytes == 4 * every.snapshot_bytes
+    assert ends.nbytes == 4 * ends.snapshot_bytes - ends._states_bytes
+    with pytest.raises(ValueError, match="admission"):
+        labkit.PrefixCache(model, bs, budget_bytes=10**8, admission="some")
+
+
+def test_an_eviction_storm_with_admission_at_ends_stays_in_budget_and_exact():
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, device=DEVICE, seed=6)
+    size = labkit.PrefixCache(model, 8, budget_bytes=10**8).snapshot_bytes
+    # room for one prompt's two rows (4 blocks of KV + states at the end, each), not for six prompts
+    prefix = labkit.PrefixCache(model, 8, budget_bytes=6 * size, policy="flops", admission="ends")
+    decoder = make_decoder("reference", model, model.new_cache(2, 40))
+    for seed in range(6):
+        prefix.prefill(decoder, _ids(model.cfg.vocab_size, 33, batch=2, seed=seed))
+        assert prefix.nbytes <= prefix.budget_bytes
+    assert prefix.evictions > 0
+    last = _ids(model.cfg.vocab_size, 33, batch=2, seed=5)
+    got = prefix.prefill(decoder, last)
+    assert got.restored == 32 and rel_err(got.logits, model(last)[:, -1]) < 1e-5
+    out = labkit.generate(model, last, 4, backend="reference", prefix_cache=prefix)
+    assert out.prefix_hit == 32 and torch.equal(out.tokens, labkit.generate(model, last, 4, backend="reference").tokens)

@@ -57,7 +57,7 @@ class WorkloadRow:
     model: str
     backend: str
     workload: str
-    policy: str
+    policy: str  # eviction policy, "+ends" for Marconi-style admission (labkit.PrefixCache's admission)
     budget_bytes: int
     budget_snapshots: float  # the budget in snapshots of one block
     block_size: int
@@ -183,7 +183,8 @@ def run_workload(model: HybridLM, backend: str, name: str, requests: list[wl.Req
             row = WorkloadRow("workload", model.cfg.name, backend, name, policy, int(budget * snap), budget,
                               block_size, len(requests), prompt_tokens, 0, 0.0, ceiling, 0, *[float("nan")] * 3, 0, 0)
             try:
-                pc = PrefixCache(model, block_size, row.budget_bytes, policy=policy)
+                evict, _, admission = policy.partition("+")
+                pc = PrefixCache(model, block_size, row.budget_bytes, policy=evict, admission=admission or "every")
                 times = []
                 for r, w in zip(requests, want):
                     out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend, prefix_cache=pc)
@@ -222,7 +223,7 @@ def print_row(r) -> None:
               f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
               f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); mismatches {r.mismatches}/{r.hits} hits")
     elif isinstance(r, WorkloadRow):
-        print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>5} budget {r.budget_snapshots:g} "
+        print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>10} budget {r.budget_snapshots:g} "
               f"snapshots: hit rate {r.hit_rate:.1%} (ceiling {r.ceiling_hit_rate:.1%}), TTFT median {r.ttft_ms_median:.2f} "
               f"p95 {r.ttft_ms_p95:.2f} ms (no cache {r.ttft_nocache_ms_median:.2f}), evictions {r.evictions}, "
               f"mismatches {r.mismatches}/{r.requests}")
@@ -286,7 +287,8 @@ def replay_stream(model: HybridLM, requests: list[wl.Request], block_size: int, 
     from ..backends import make_decoder
 
     snap = PrefixCache(model, block_size, budget_bytes=2**62).snapshot_bytes
-    pc = PrefixCache(model, block_size, int(budget_snapshots * snap), policy=policy)
+    evict, _, admission = policy.partition("+")
+    pc = PrefixCache(model, block_size, int(budget_snapshots * snap), policy=evict, admission=admission or "every")
     longest = max(len(r) for r in requests)
     decoder = make_decoder(backend, model, model.new_cache(1, longest))
     restored = sum(pc.prefill(decoder, _ids(r.tokens, model.device)).restored for r in requests)

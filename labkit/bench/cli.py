@@ -78,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="default on a GPU: 4096:64:256 480:32:544 480:32:64")
     c.add_argument("--block-size", type=int, default=None, help="workloads' block (default 256 on a GPU, 8 on a CPU)")
     c.add_argument("--budgets", nargs="+", type=float, default=[8, 16], help="workload budgets, in snapshots")
-    c.add_argument("--policies", nargs="+", default=["lru", "flops"])
+    c.add_argument("--policies", nargs="+", default=["lru", "flops", "lru+ends", "flops+ends"],
+                   help="eviction policy, +ends for Marconi-style admission (states at prompt ends and branch points)")
     c.add_argument("--steps", type=int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--device", default="auto")
