@@ -4,7 +4,7 @@
   block is a multiple of its chunk, the delta rule cut at boundaries elsewhere) are exact on both
   shipped checkpoints;
 - a hit whose tail is shorter than a block replays a captured continuation prefill (fused+graph;
-  on a CPU through the stand-in for CUDA graphs of test_fused_graphs.py);
+  on a CPU through conftest's stand-in for CUDA graphs);
 - ``labkit.generate(..., prefix_cache=...)`` reports its hit and keeps the tokens;
 - the workloads are deterministic; the cache anatomy counts the right bytes; bf16 snapshots cost
   a measured error.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import labkit
-from conftest import rel_err
+from conftest import RecordingGraphs, rel_err
 from labkit import fused, workloads
 from labkit.backends import make_decoder
 from labkit.cache import bytes_by_kind
@@ -75,38 +75,12 @@ def test_the_chunk_kernel_writes_the_snapshots_where_the_block_allows(block, mon
         assert calls[: 3 * gdn] == [None] * (3 * gdn)
 
 
-class _Recorded:
-    def __init__(self, step, owner):
-        self.step, self.owner = step, owner
-
-    def replay(self):
-        self.owner.replays += 1
-        self.step()
-
-
-class _Graphs:
-    """CUDA graphs on a CPU: capture records the step, replay re-runs it (as in test_fused_graphs.py)."""
-
-    def __init__(self):
-        self.captures = self.replays = 0
-
-    def available(self, device):
-        return True
-
-    def warm_up(self, step, device):
-        step()
-
-    def capture(self, step, device):
-        self.captures += 1
-        return _Recorded(step, self)
-
-
 @pytest.mark.parametrize("preset", ["tiny-lfm2", "tiny-qwen3.5"])
 def test_a_short_tail_replays_a_captured_continuation(preset, monkeypatch):
     """On a CPU through the stand-in (its captures counted); on a GPU through real CUDA graphs."""
     graphs = fused.GRAPHS
     if DEVICE == "cpu":
-        graphs = _Graphs()
+        graphs = RecordingGraphs()
         monkeypatch.setattr(fused, "GRAPHS", graphs)
     model = labkit.build(preset, dtype=torch.float32, device=DEVICE, seed=2)
     prefix = labkit.PrefixCache(model, 8, budget_bytes=10**8)
