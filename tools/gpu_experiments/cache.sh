@@ -10,7 +10,7 @@ timeout 25 python3 -m labkit bench cache --experiments ttft --repeats 5 --name p
     --data-dir "$RES/bench" > "$RES/ttft.log" 2>&1; echo "rc=$?" >> "$RES/ttft.log"
 # 2. notebook 03 on the GPU (it measures the workloads, LRU vs flops at 8 and 16 snapshots, the TTFT
 #    case and bf16 snapshots over 1,000 decode steps itself; its log prints every table)
-timeout 40 python3 -m labkit notebooks --out "$RES/nb" --only 03 --log-output -p INTERACTIVE=False \
+timeout 40 python3 -m labkit notebooks --out "$RES/nb" --only 03 --log-output -p INTERACTIVE=False -p "MODELS=['qwen3.5-0.8b']" \
     > "$RES/nb.log" 2>&1; echo "rc=$?" >> "$RES/nb.log"
 # 3. the prefix-cache tests on the GPU (reference, fused, fused+graph; tiny presets and the checkpoints)
 timeout 25 python3 -m pytest -q -x tests/test_prefix_cache.py tests/test_prefix_cache_paths.py > "$RES/pytest.log" 2>&1
