@@ -43,6 +43,11 @@ class TtftRow:
     ttft_first_hit_ms: float
     ttft_hit_ms: float  # median of the later hits
     hit_prefill_ms: float  # PrefixCache.prefill alone on a hit (restore + the tail), median, synchronised
+    # last-token logits against the one-shot prefill of the whole prompt (relative): with a hit, and
+    # without a cache but prefilled in the same two pieces (prefix, then the rest): the rounding of
+    # the split alone, what a hit cannot do better than
+    logit_err_hit: float
+    logit_err_split: float
     speedup: float  # no cache / hit
     mismatches: int  # hits whose greedy tokens differ from the run without a cache
     hits: int
@@ -92,6 +97,10 @@ class PrecisionRow:
     error: str | None = None
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
 def _ms(s: float) -> float:
     return s * 1e3
 
@@ -110,7 +119,7 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
     """TTFT without a cache and with hits on a shared ``prefix`` (module docstring)."""
     vocab, device = model.cfg.vocab_size, model.device
     reqs = wl.shared_prefix(repeats + 3, prefix, suffix, vocab, seed=prefix + suffix)
-    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 6, 0, 0, 0, 0)
+    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 8, 0, 0, 0, 0)
     try:
         generate(model, _ids(reqs[0].tokens, device), new_tokens, backend=backend)  # warm-up: compile, capture
         plain, want = [], []
@@ -139,6 +148,15 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
             _sync(device)
             alone.append(time.perf_counter() - t0)
         row.hit_prefill_ms = _ms(statistics.median(alone))
+        ids = _ids(reqs[-1].tokens, device)
+        decoder.cache.reset()
+        whole = decoder.prefill(ids).float().clone()
+        decoder.cache.reset()
+        if restored:
+            decoder.prefill(ids[:, :restored])
+        split = decoder.prefill(ids[:, restored:]).float().clone()
+        hit = pc.prefill(decoder, ids).logits.float()
+        row.logit_err_hit, row.logit_err_split = _rel(hit, whole), _rel(split, whole)
         row.ttft_nocache_ms = _ms(statistics.median(plain[1:]))
         row.ttft_miss_ms, row.ttft_first_hit_ms = _ms(times[0]), _ms(times[1])
         row.ttft_hit_ms = _ms(statistics.median(times[2:]))
@@ -221,7 +239,8 @@ def print_row(r) -> None:
     elif isinstance(r, TtftRow):
         print(f"{'ttft':>9} {r.model:>14} {r.backend:>12} bs={r.block_size:<4} {r.prefix}+{r.suffix}: restored {r.restored}, "
               f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
-              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); mismatches {r.mismatches}/{r.hits} hits")
+              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); mismatches {r.mismatches}/{r.hits} hits; "
+              f"logits vs one-shot: hit {r.logit_err_hit:.1e}, split prefill without cache {r.logit_err_split:.1e}")
     elif isinstance(r, WorkloadRow):
         print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>10} budget {r.budget_snapshots:g} "
               f"snapshots: hit rate {r.hit_rate:.1%} (ceiling {r.ceiling_hit_rate:.1%}), TTFT median {r.ttft_ms_median:.2f} "
@@ -233,14 +252,13 @@ def print_row(r) -> None:
               f"first free-running divergence {r.first_divergence}")
 
 
-def _load(name: str, device: str) -> HybridLM:
-    """A preset with random weights (bf16 on a GPU) or a shipped checkpoint."""
+def _load(name: str, device: str, dtype: torch.dtype) -> HybridLM:
+    """A preset with random weights or a shipped checkpoint."""
     from ..checkpoints import CHECKPOINTS, checkpoint_path
     from ..config import PRESETS
     from ..checkpoint import load
     from ..model import build
 
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     if name in CHECKPOINTS:
         return load(checkpoint_path(name), dtype=dtype, device=device)
     if name in PRESETS:
@@ -255,9 +273,10 @@ def run_cache_bench(args, device: str) -> list:
     cases = args.ttft_cases or (["4096:64:256", "480:32:544", "480:32:64"] if gpu else ["48:5:16", "12:3:16", "12:3:4"])
     block = args.block_size or (256 if gpu else 8)
     steps = args.steps or (1000 if gpu else 30)
+    dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     rows: list = []
     for name in models:
-        model = _load(name, device)
+        model = _load(name, device, dtype)
         for backend in backends:
             if "ttft" in args.experiments:
                 for case in cases:
@@ -266,6 +285,8 @@ def run_cache_bench(args, device: str) -> list:
                     print_row(rows[-1])
             if "workload" in args.experiments and backend == backends[-1]:
                 for wname, reqs in workload_streams(model.cfg.vocab_size, "gpu" if gpu else "cpu").items():
+                    if args.workloads and wname not in args.workloads:
+                        continue
                     rows += run_workload(model, backend, wname, reqs, block, args.policies, args.budgets)
                     for r in rows[-len(args.policies) * len(args.budgets):]:
                         print_row(r)

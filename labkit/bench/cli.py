@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--budgets", nargs="+", type=float, default=[8, 16], help="workload budgets, in snapshots")
     c.add_argument("--policies", nargs="+", default=["lru", "flops", "lru+ends", "flops+ends"],
                    help="eviction policy, +ends for Marconi-style admission (states at prompt ends and branch points)")
+    c.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="auto: bf16 on a GPU")
+    c.add_argument("--workloads", nargs="+", default=None, help="shared-prefix, multi-turn, unrelated (default: all)")
     c.add_argument("--steps", type=int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
     c.add_argument("--repeats", type=int, default=5)
     c.add_argument("--device", default="auto")
