@@ -63,15 +63,27 @@ def _load_ops() -> Any:
     return attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
 
 
-def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype) -> DeltaRule:
+def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpoint_every: int | None = None,
+                       checkpoints: list[torch.Tensor] | None = None) -> DeltaRule:
     """``kernel`` (:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) behind the reference delta
     rule's signature: q, k, v enter in the model's ``dtype`` (the reference hands them over in
     float32; bf16 operands are what the kernel's tensor-core products take) and the state is
-    updated in place and returned, so the cache's recurrent state is read and written once."""
+    updated in place and returned, so the cache's recurrent state is read and written once.
+
+    With ``checkpoint_every`` (a multiple of the kernel's 64-token chunk), each call also appends to
+    ``checkpoints`` the states after every ``checkpoint_every`` of its tokens, [B, n, Hv, K, V]
+    float32 (n = T // checkpoint_every), written by the same walk (no second pass)."""
 
     def delta_rule(q, k, v, g, beta, state=None):
         q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
-        return kernel(q, k, v, g.contiguous(), beta.contiguous(), state, final_state=state)
+        extra = {}
+        if checkpoint_every is not None:
+            B, T = q.shape[:2]
+            shape = (B * (T // checkpoint_every), v.shape[2], q.shape[3], v.shape[3])
+            buf = torch.empty(shape, dtype=torch.float32, device=q.device)
+            extra = dict(checkpoints=buf, checkpoint_every=checkpoint_every)
+            checkpoints.append(buf.view(B, T // checkpoint_every, *shape[1:]))
+        return kernel(q, k, v, g.contiguous(), beta.contiguous(), state, final_state=state, **extra)
 
     return delta_rule
 
@@ -261,6 +273,7 @@ class FusedDecoder:
         self.graph, self.pdl = graph, pdl
         self.plan: StepPlan | None = None
         self._graphs: dict[bool, Any] = {}
+        self._continuations: dict[tuple, tuple] = {}  # (lengths, shape) -> (ids, graph, logits holder)
         self._weights: tuple | None = None
         self.captures = 0  # how many times the graphs were (re)captured
         self.refresh()
@@ -294,6 +307,7 @@ class FusedDecoder:
         if key == self._weights:
             return False
         self._weights, self._graphs, self.plan = None, {}, None  # if this fails, nothing stale is left
+        self._continuations = {}
         self._check_model()
         self.plan = self._make_plan()
         if self.graph:
@@ -441,18 +455,79 @@ class FusedDecoder:
             cache.advance(1)
 
     # -- Decoder protocol ----------------------------------------------------------------------------
+    checkpoint_multiple = 64  # the chunk kernel's chunk: its state checkpoints fall on multiples of it
+
+    def prefill_cores(self, checkpoint_every: int | None = None,
+                      checkpoints: list[torch.Tensor] | None = None) -> MixerCores:
+        """The mixer cores of the next prefill into this decoder's cache (after :meth:`refresh`);
+        with ``checkpoint_every``, the delta rule also appends its state checkpoints to
+        ``checkpoints`` (see :func:`chunked_delta_rule`): what :class:`labkit.PrefixCache` snapshots."""
+        self.refresh()
+        rule = chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype, checkpoint_every, checkpoints)
+        return prefill_cores(rule, self.cache)
+
     @torch.no_grad()
     def forward_prefill(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """The model's logits [B, T, vocab] ([B, 1, vocab] with ``last_only``) for the prompt
         ``input_ids`` [B, T], through the fused prefill; the cache advances by T (checked for room
         before anything is written)."""
-        self.refresh()
-        cores = prefill_cores(chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype), self.cache)
-        return self.model(input_ids, cache=self.cache, last_only=last_only, cores=cores)
+        return self.model(input_ids, cache=self.cache, last_only=last_only, cores=self.prefill_cores())
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]."""
         return self.forward_prefill(input_ids, last_only=True)[:, -1]
+
+    CONTINUATIONS = 8  # captured continuation prefills kept per decoder (least recently used dropped)
+
+    @torch.no_grad()
+    def prefill_continuation(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Last-token logits [B, vocab] after ``input_ids`` [B, T] that continue the cached sequences
+        (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured once per
+        (cached length, T) and replayed: an eager prefill of a few tokens costs its launches, not its
+        arithmetic. The inputs are checked eagerly first; the first call of a shape runs it once
+        outside the capture (kernels compile), putting the states it shifts back, as ``_capture``
+        does. The returned logits are overwritten by the next replay of the same shape (as ``step``'s).
+        Without ``graph``, or for an empty cache, this is :meth:`prefill`."""
+        cache = self.cache
+        if not self.graph or cache.seq_len == 0:
+            return self.prefill(input_ids)
+        self.refresh()
+        self.model._check_input(input_ids, cache)
+        key = (cache.host_lengths, tuple(input_ids.shape))
+        entry = self._continuations.pop(key, None)
+        if entry is None:
+            entry = self._capture_continuation(input_ids)
+        self._continuations[key] = entry  # most recently used last
+        while len(self._continuations) > self.CONTINUATIONS:
+            self._continuations.pop(next(iter(self._continuations)))
+        static_ids, graph, out = entry
+        static_ids.copy_(input_ids)
+        graph.replay()
+        cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+        return out[0][:, -1]
+
+    def _capture_continuation(self, input_ids: torch.Tensor) -> tuple:
+        cache, device = self.cache, self.model.device
+        static_ids, out = input_ids.clone(), [None]
+        cores = self.prefill_cores()
+
+        def run() -> None:
+            out[0] = self.model(static_ids, cache=cache, last_only=True, cores=cores, check=False)
+
+        states = [*cache.conv_states.values(), *cache.recurrent_states.values(), cache.lengths]
+        saved, host = [s.clone() for s in states], list(cache.host_lengths)
+
+        def put_back() -> None:
+            for s, copy in zip(states, saved):
+                s.copy_(copy)
+            cache._host_lengths = list(host)
+
+        GRAPHS.warm_up(run, device)
+        put_back()
+        graph = GRAPHS.capture(run, device)
+        put_back()  # capturing ran the host side of cache.advance
+        self.captures += 1
+        return static_ids, graph, out
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

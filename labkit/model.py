@@ -124,7 +124,7 @@ class ShortConv(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
     ) -> torch.Tensor:
         state = None if cache is None else cache.conv_states[self.layer]
-        y, new_state = short_conv_ref(F.linear(x, self.in_proj), state, self.conv_weight)
+        y, new_state = short_conv_ref(F.linear(x, self.in_proj), state, self.conv_weight, conv=cores.conv)
         if cache is not None:
             state.copy_(new_state)
         return F.linear(y, self.out_proj)
@@ -159,7 +159,7 @@ class GatedDeltaNet(nn.Module):
         state = None if cache is None else cache.recurrent_states[self.layer]
         y, new_conv_state, new_state = gated_deltanet_ref(
             F.linear(x, self.in_proj), conv_state, self.conv_weight, self.A_log, self.dt_bias, self.norm_weight,
-            state, self.dims, self.cfg.norm_eps, delta_rule=cores.delta_rule,
+            state, self.dims, self.cfg.norm_eps, delta_rule=cores.delta_rule, conv=cores.conv,
         )
         if cache is not None:
             conv_state.copy_(new_conv_state)
@@ -226,6 +226,7 @@ class HybridLM(nn.Module):
         cache: HybridCache | None = None,
         last_only: bool = False,
         cores: MixerCores = REFERENCE_CORES,
+        check: bool = True,
     ) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` (``[B, 1, vocab]`` with ``last_only``) for ``input_ids [B, T]``.
 
@@ -233,8 +234,11 @@ class HybridLM(nn.Module):
         cache is checked for room before anything is written. Token ids are range-checked when
         T > 1 (a prompt); single decode tokens are not, since the check would sync the device.
         ``cores``: the implementations of the mixers' inner cores (default: the references).
+        ``check=False`` skips the input checks (they read token ids back to the host): only for a
+        forward captured in a CUDA graph, whose caller checked the same inputs just before.
         """
-        self._check_input(input_ids, cache)
+        if check:
+            self._check_input(input_ids, cache)
         B, T = input_ids.shape
         if cache is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)

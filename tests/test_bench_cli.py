@@ -33,3 +33,20 @@ def test_ops_needs_a_gpu(tmp_path, capsys):
         return
     assert main(["bench", "ops", "--models", "tiny-lfm2", "--name", "o", "--data-dir", str(tmp_path)]) == 2
     assert "CUDA" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_cache_writes_ttft_workload_and_precision_rows(tmp_path):
+    assert main(["bench", "cache", "--models", "tiny-qwen3.5", "--backends", "reference", "--ttft-cases", "9:2:4",
+                 "--repeats", "1", "--block-size", "8", "--budgets", "4", "--policies", "lru", "--steps", "3",
+                 "--name", "c", "--data-dir", str(tmp_path)]) == 0
+    doc = json.loads(next(tmp_path.glob("*/c.json")).read_text())
+    assert doc["kind"] == "prefix-cache" and doc["command"].startswith("python -m labkit bench cache")
+    rows = {r["experiment"]: [x for x in doc["results"] if x["experiment"] == r["experiment"]] for r in doc["results"]}
+    assert all(r["error"] is None for r in doc["results"])
+    (ttft,) = rows["ttft"]
+    assert ttft["restored"] == 8 and ttft["mismatches"] == 0 and ttft["hits"] == 3 and ttft["ttft_hit_ms"] > 0
+    work = {r["workload"]: r for r in rows["workload"]}
+    assert set(work) == {"shared-prefix", "multi-turn", "unrelated"} and all(r["mismatches"] == 0 for r in work.values())
+    assert work["unrelated"]["hit_rate"] == 0 and 0 < work["shared-prefix"]["hit_rate"] <= work["shared-prefix"]["ceiling_hit_rate"]
+    (prec,) = rows["precision"]
+    assert len(prec["rel_err"]) == 3 and prec["state_bytes_rounded"] * 2 == prec["state_bytes_float32"]

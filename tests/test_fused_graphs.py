@@ -13,38 +13,11 @@ import torch
 from torch import nn
 
 import labkit
-from conftest import rel_err
+from conftest import RecordingGraphs, rel_err
 from labkit import fused
 from labkit.backends import make_decoder, release_pooled
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
-
-
-class RecordedStep:
-    def __init__(self, step, owner):
-        self.step, self.owner = step, owner
-
-    def replay(self):
-        self.owner.replays += 1
-        self.step()
-
-
-class RecordingGraphs:
-    """Stand-in for CUDA graphs: capture records the step (without running it), replay re-runs it."""
-
-    def __init__(self):
-        self.warm_ups = self.captures = self.replays = 0
-
-    def available(self, device):
-        return True
-
-    def warm_up(self, step, device):
-        self.warm_ups += 1
-        step()
-
-    def capture(self, step, device):
-        self.captures += 1
-        return RecordedStep(step, self)
 
 
 @pytest.fixture

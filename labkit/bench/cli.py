@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,tma,article-cache,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,tma,article-cache,cache,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
@@ -76,6 +76,24 @@ def _parser() -> argparse.ArgumentParser:
                         "tok/s across thresholds (labkit.bench.article_cache)")
     add_article_cache_arguments(ac)
     ac.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    c = sub.add_parser("cache", help="the exact prefix cache: TTFT with hits, workloads, bf16 snapshots")
+    c.add_argument("--models", nargs="+", default=None,
+                   help="presets or shipped checkpoints (default: qwen3.5-0.8b on a GPU, byte-qwen3.5-6m on a CPU)")
+    c.add_argument("--backends", nargs="+", default=None, help="default: fused fused+graph on a GPU, reference on a CPU")
+    c.add_argument("--experiments", nargs="+", default=["ttft", "workload", "precision"])
+    c.add_argument("--ttft-cases", nargs="+", default=None, metavar="PREFIX:SUFFIX:BLOCK",
+                   help="default on a GPU: 4096:64:256 480:32:544 480:32:64")
+    c.add_argument("--block-size", type=int, default=None, help="workloads' block (default 256 on a GPU, 8 on a CPU)")
+    c.add_argument("--budgets", nargs="+", type=float, default=[8, 16], help="workload budgets, in snapshots")
+    c.add_argument("--policies", nargs="+", default=["lru", "flops", "lru+ends", "flops+ends"],
+                   help="eviction policy, +ends for Marconi-style admission (states at prompt ends and branch points)")
+    c.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="auto: bf16 on a GPU")
+    c.add_argument("--workloads", nargs="+", default=None, help="shared-prefix, multi-turn, unrelated (default: all)")
+    c.add_argument("--steps", type=int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--device", default="auto")
+    c.add_argument("--name", required=True, help="results go to data/bench/<gpu>/<name>.json")
+    c.add_argument("--data-dir", type=Path, default=DATA_DIR)
     sub.add_parser("hw")
     t = sub.add_parser("table")
     t.add_argument("--readme", type=Path, help="rewrite the results section of this README")
@@ -116,6 +134,14 @@ def main(argv: list[str]) -> int:
         print(f"wrote {path}")
         return 0
     rows: list = []
+    if args.what == "cache":
+        from .cache import run_cache_bench
+
+        rows = run_cache_bench(args, device)
+        command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+        path = write_results(args.name, "prefix-cache", rows, facts, command=command, data_dir=args.data_dir)
+        print(f"wrote {path}")
+        return 0
     for model in _models(args.models, device, torch.bfloat16):
         for b in args.batch:
             if args.what == "ops":

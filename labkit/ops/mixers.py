@@ -132,6 +132,7 @@ def attend_causal(
 
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # delta_rule_ref's signature
 Attend = Callable[..., torch.Tensor]  # attend_ref's signature
+Conv = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # causal_conv_ref's signature
 
 
 @dataclass(frozen=True)
@@ -139,25 +140,28 @@ class MixerCores:
     """The inner computations of the mixers, replaceable by other implementations of the same function.
 
     ``delta_rule(q, k, v, g, beta, state) -> (o, final state)`` as :func:`~labkit.ops.delta_rule.delta_rule_ref`
-    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`.
+    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`;
+    ``conv(x, weight, state) -> (y, new state)`` as :func:`~labkit.ops.causal_conv.causal_conv_ref`
+    (the prefix cache wraps it to read the conv windows at block boundaries).
     """
 
     delta_rule: DeltaRule = delta_rule_ref
     attend: Attend = attend_ref
+    conv: Conv = causal_conv_ref
 
 
 REFERENCE_CORES = MixerCores()
 
 
 def short_conv_ref(
-    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor
+    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, conv: Conv = causal_conv_ref
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LFM2's gated short conv: (y [B, T, H] in proj's dtype, new state [B, K-1, H]).
 
     ``proj`` [B, T, 3H]; ``state`` [B, K-1, H] (None: zeros) is not modified; ``weight`` [H, K].
     """
     b, c, x = proj.chunk(3, dim=-1)
-    y, new_state = causal_conv_ref(b * x, weight, state)
+    y, new_state = conv(b * x, weight, state)
     return (c.float() * y).to(proj.dtype), new_state
 
 
@@ -172,6 +176,7 @@ def gated_deltanet_ref(
     dims: GdnDims,
     eps: float,
     delta_rule: DeltaRule = delta_rule_ref,
+    conv: Conv = causal_conv_ref,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gated DeltaNet after in_proj: (y [B, T, nv*dv] in proj's dtype, new conv state, new float32 state).
 
@@ -182,7 +187,7 @@ def gated_deltanet_ref(
     B, T, _ = proj.shape
     nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
     qkv, z, b, a = proj.split(dims.proj_sizes, dim=-1)
-    qkv, new_conv_state = causal_conv_ref(qkv, conv_weight, conv_state)
+    qkv, new_conv_state = conv(qkv, conv_weight, conv_state)
     qkv = F.silu(qkv)
     q, k, v = qkv.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
     q = l2_norm_ref(q.reshape(B, T, nk, dk))
