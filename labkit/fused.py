@@ -36,6 +36,8 @@ step overwrites; ``step_greedy`` returns next tokens without writing logits at a
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -63,6 +65,12 @@ def _load_ops() -> Any:
     return attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
 
 
+def _load_prefill_fusions() -> Any:
+    from .ops import prefill_fusions
+
+    return prefill_fusions
+
+
 def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype) -> DeltaRule:
     """``kernel`` (:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) behind the reference delta
     rule's signature: q, k, v enter in the model's ``dtype`` (the reference hands them over in
@@ -76,13 +84,20 @@ def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype) -> Delt
     return delta_rule
 
 
-def prefill_cores(delta_rule: DeltaRule, cache: HybridCache) -> MixerCores:
+def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None) -> MixerCores:
     """The cores of the fused prefill into ``cache``. Attention takes SDPA's causal form (flash on a
     GPU) when every sequence starts at position 0, so that the new tokens are all the keys; a prompt
     that continues cached sequences takes the explicit mask instead. Both compute the same function
-    (:func:`labkit.ops.mixers.attend_causal`): this picks a form, not an approximation."""
+    (:func:`labkit.ops.mixers.attend_causal`): this picks a form, not an approximation. With
+    ``fusions`` (:mod:`labkit.ops.prefill_fusions`), the element-wise chains between the GEMMs
+    (norms, the convs, the GDN gates and output norm) are one kernel each."""
     fresh = all(n == 0 for n in cache.host_lengths)
-    return MixerCores(delta_rule=delta_rule, attend=attend_causal if fresh else attend_ref)
+    attend = attend_causal if fresh else attend_ref
+    if fusions is None:
+        return MixerCores(delta_rule=delta_rule, attend=attend)
+    return MixerCores(delta_rule=delta_rule, attend=attend, gdn_inputs=fusions.gdn_inputs,
+                      gated_norm=fusions.gated_rms_norm_rows, short_conv=fusions.short_conv_prefill,
+                      rms_norm=fusions.rms_norm_rows)
 
 
 # -- graphs: the one seam the CPU tests replace ---------------------------------------------------
@@ -112,6 +127,18 @@ class CudaGraphs:
 
 
 GRAPHS = CudaGraphs()
+
+PREFILL_GRAPHS = 4  # prompt lengths whose prefill graphs a decoder keeps (each holds its activations)
+
+
+@dataclass
+class PrefillGraph:
+    """The captured prefill of one prompt length: replay after copying the prompt into ``ids``; the
+    last-token logits are then ``out["logits"]``."""
+
+    graph: Any
+    ids: torch.Tensor
+    out: dict
 
 
 # -- the plan: what one step reads, typed, built from the model's modules -------------------------
@@ -257,12 +284,18 @@ class FusedDecoder:
 
     def __init__(self, model: HybridLM, cache: HybridCache, *, graph: bool = False, pdl: bool = False) -> None:
         self._attn, self._chunk, self._gdn, self._head, self._launch, self._lin = _load_ops()
+        self._fusions = _load_prefill_fusions()
         self.model, self.cache, self.cfg = model, cache, model.cfg
         self.graph, self.pdl = graph, pdl
         self.plan: StepPlan | None = None
         self._graphs: dict[bool, Any] = {}
         self._weights: tuple | None = None
         self.captures = 0  # how many times the graphs were (re)captured
+        # fused+graph: the prefill of a fresh cache is captured per prompt length too (PrefillGraph)
+        self.graph_prefill = graph
+        self._prefill_graphs: OrderedDict[int, PrefillGraph] = OrderedDict()
+        self.prefill_captures = 0
+        self.last_prefill_capture_s: float | None = None  # warm-up + capture of the latest new length
         self.refresh()
 
     # -- construction ------------------------------------------------------------------------------
@@ -294,6 +327,7 @@ class FusedDecoder:
         if key == self._weights:
             return False
         self._weights, self._graphs, self.plan = None, {}, None  # if this fails, nothing stale is left
+        self._prefill_graphs.clear()
         self._check_model()
         self.plan = self._make_plan()
         if self.graph:
@@ -441,18 +475,65 @@ class FusedDecoder:
             cache.advance(1)
 
     # -- Decoder protocol ----------------------------------------------------------------------------
+    def _prefill_cores(self) -> MixerCores:
+        return prefill_cores(chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype), self.cache,
+                             self._fusions)
+
     @torch.no_grad()
     def forward_prefill(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """The model's logits [B, T, vocab] ([B, 1, vocab] with ``last_only``) for the prompt
-        ``input_ids`` [B, T], through the fused prefill; the cache advances by T (checked for room
-        before anything is written)."""
+        ``input_ids`` [B, T], through the fused prefill, eagerly; the cache advances by T (checked
+        for room before anything is written)."""
         self.refresh()
-        cores = prefill_cores(chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype), self.cache)
-        return self.model(input_ids, cache=self.cache, last_only=last_only, cores=cores)
+        return self.model(input_ids, cache=self.cache, last_only=last_only, cores=self._prefill_cores())
 
+    @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]."""
-        return self.forward_prefill(input_ids, last_only=True)[:, -1]
+        """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]. Under fused+graph, a
+        prompt into a fresh cache replays the graph of its length (captured on its first use)."""
+        cache = self.cache
+        if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
+            return self.forward_prefill(input_ids, last_only=True)[:, -1]
+        self.refresh()
+        self.model._check_input(input_ids, cache)
+        T = input_ids.shape[1]
+        entry = self._prefill_graphs.get(T)
+        if entry is None:
+            t0 = time.perf_counter()
+            entry = self._capture_prefill(input_ids)
+            self.last_prefill_capture_s = time.perf_counter() - t0
+            self.prefill_captures += 1
+            self._prefill_graphs[T] = entry
+            while len(self._prefill_graphs) > PREFILL_GRAPHS:
+                self._prefill_graphs.popitem(last=False)  # the least recently used length
+        self._prefill_graphs.move_to_end(T)
+        entry.ids.copy_(input_ids)
+        entry.graph.replay()
+        cache.advance_host(T)  # the graph advanced the device lengths
+        return entry.out["logits"][:, -1]
+
+    def _capture_prefill(self, input_ids: torch.Tensor) -> "PrefillGraph":
+        """Warm up (kernels compile) and capture the prefill of ``input_ids``' shape into this fresh
+        cache. The warm-up writes the cache: its states and lengths are put back after it, and the
+        host lengths never move (``run`` puts them back)."""
+        cache, model, device = self.cache, self.model, self.model.device
+        ids = input_ids.clone()
+        out: dict[str, torch.Tensor] = {}
+        cores = self._prefill_cores()
+
+        def run() -> None:
+            # the forward advances the device lengths (captured) and their host mirror (not
+            # captured: the caller advances it after each replay), so the mirror is put back
+            host = list(cache.host_lengths)
+            out["logits"] = model.forward_checked(ids, cache, last_only=True, cores=cores)
+            cache._host_lengths = host
+
+        states = [*cache.conv_states.values(), *cache.recurrent_states.values(), cache.lengths]
+        saved = [s.clone() for s in states]
+        GRAPHS.warm_up(run, device)
+        for s, copy in zip(states, saved):
+            s.copy_(copy)
+        return PrefillGraph(GRAPHS.capture(run, device), ids, out)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -136,17 +136,29 @@ Attend = Callable[..., torch.Tensor]  # attend_ref's signature
 
 @dataclass(frozen=True)
 class MixerCores:
-    """The inner computations of the mixers, replaceable by other implementations of the same function.
+    """The inner computations of the blocks, replaceable by other implementations of the same function.
 
     ``delta_rule(q, k, v, g, beta, state) -> (o, final state)`` as :func:`~labkit.ops.delta_rule.delta_rule_ref`
-    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`.
+    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`;
+    ``gdn_inputs`` as :func:`gdn_inputs_ref` (it may return q, k, v in the projection's dtype: the
+    delta rule takes them in that dtype); ``gated_norm`` as
+    :func:`~labkit.ops.norm.gated_rms_norm_ref`; ``short_conv`` as :func:`short_conv_ref`;
+    ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm).
     """
 
     delta_rule: DeltaRule = delta_rule_ref
     attend: Attend = attend_ref
+    gdn_inputs: Callable[..., tuple] = None  # type: ignore[assignment]  # gdn_inputs_ref, set below
+    gated_norm: Callable[..., torch.Tensor] = gated_rms_norm_ref
+    short_conv: Callable[..., tuple] = None  # type: ignore[assignment]  # short_conv_ref, set below
+    rms_norm: Callable[..., torch.Tensor] = rms_norm_ref
 
-
-REFERENCE_CORES = MixerCores()
+    def __post_init__(self) -> None:
+        # the references are defined below this class: fill them in where left out
+        if self.gdn_inputs is None:
+            object.__setattr__(self, "gdn_inputs", gdn_inputs_ref)
+        if self.short_conv is None:
+            object.__setattr__(self, "short_conv", short_conv_ref)
 
 
 def short_conv_ref(
@@ -161,24 +173,17 @@ def short_conv_ref(
     return (c.float() * y).to(proj.dtype), new_state
 
 
-def gated_deltanet_ref(
+def gdn_inputs_ref(
     proj: torch.Tensor,
     conv_state: torch.Tensor | None,
     conv_weight: torch.Tensor,
     A_log: torch.Tensor,
     dt_bias: torch.Tensor,
-    norm_weight: torch.Tensor,
-    state: torch.Tensor | None,
     dims: GdnDims,
-    eps: float,
-    delta_rule: DeltaRule = delta_rule_ref,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gated DeltaNet after in_proj: (y [B, T, nv*dv] in proj's dtype, new conv state, new float32 state).
-
-    ``proj`` [B, T, P]; ``conv_state`` [B, KW-1, C] and ``state`` [B, nv, dk, dv] (None: zeros) are
-    not modified by the reference ``delta_rule`` (another one may update ``state`` in place and
-    return it).
-    """
+) -> tuple[torch.Tensor, ...]:
+    """What the delta rule takes, from the projection: (q, k [B, T, nk, dk] and v [B, T, nv, dv] in
+    float32, g and beta [B, T, nv] float32, z [B, T, nv, dv] (a view of ``proj``), new conv state).
+    ``conv_state`` [B, KW-1, C] (None: zeros) is not modified."""
     B, T, _ = proj.shape
     nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
     qkv, z, b, a = proj.split(dims.proj_sizes, dim=-1)
@@ -190,8 +195,35 @@ def gated_deltanet_ref(
     v = v.reshape(B, T, nv, dv)
     beta = torch.sigmoid(b.float())
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    o, new_state = delta_rule(q, k, v, g, beta, state)
-    o = gated_rms_norm_ref(o, z.reshape(B, T, nv, dv), norm_weight, eps)
+    return q, k, v, g, beta, z.reshape(B, T, nv, dv), new_conv_state
+
+
+def gated_deltanet_ref(
+    proj: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor | None,
+    dims: GdnDims,
+    eps: float,
+    delta_rule: DeltaRule = delta_rule_ref,
+    cores: "MixerCores | None" = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet after in_proj: (y [B, T, nv*dv] in proj's dtype, new conv state, new float32 state).
+
+    ``proj`` [B, T, P]; ``conv_state`` [B, KW-1, C] and ``state`` [B, nv, dk, dv] (None: zeros) are
+    not modified by the reference ``delta_rule`` (another one may update ``state`` in place and
+    return it). ``cores``: other implementations of the inputs, the delta rule and the gated norm
+    (its delta rule overrides ``delta_rule``).
+    """
+    B, T, _ = proj.shape
+    if cores is None:
+        cores = MixerCores(delta_rule=delta_rule)
+    q, k, v, g, beta, z, new_conv_state = cores.gdn_inputs(proj, conv_state, conv_weight, A_log, dt_bias, dims)
+    o, new_state = cores.delta_rule(q, k, v, g, beta, state)
+    o = cores.gated_norm(o, z, norm_weight, eps)
     return o.reshape(B, T, dims.value_dim).to(proj.dtype), new_conv_state, new_state
 
 
@@ -232,3 +264,6 @@ def attention_ref(
     if dims.output_gate:
         out = out * torch.sigmoid(parts[3])
     return out
+
+
+REFERENCE_CORES = MixerCores()
