@@ -35,73 +35,67 @@ except Exception as e:  # noqa: BLE001
     print("no fla:", e)
     fla = None
 
-# variants: prepare form/warps x walk (defer, block_v, warps, split); the default first
+# variants, most informative first (the budget may stop the list): the default, then the split
+# prepare (solve + products), deferred outputs, and walk shapes
 VARIANTS = [
     dict(),
-    dict(prepare="split", prepare_warps=8),
-    dict(prepare="split", prepare_warps=4),
-    dict(defer_outputs=True),
     dict(prepare="split", prepare_warps=8, defer_outputs=True),
+    dict(prepare="split", prepare_warps=8),
+    dict(defer_outputs=True),
     dict(prepare="split", prepare_warps=8, defer_outputs=True, block_v=16),
     dict(prepare="split", prepare_warps=8, defer_outputs=True, block_v=16, num_warps=4),
-    dict(prepare="split", prepare_warps=8, defer_outputs=True, block_v=32, num_warps=4),
     dict(prepare="split", prepare_warps=8, defer_outputs=True, block_v=64),
+    dict(prepare="split", prepare_warps=4, defer_outputs=True),
+    dict(prepare="split", prepare_warps=8, defer_outputs=True, split=0),
     dict(prepare="split", prepare_warps=8, defer_outputs=True, output_block_v=64),
     dict(prepare="split", prepare_warps=8, block_v=16),
-    dict(prepare="split", prepare_warps=8, block_v=16, num_warps=4),
-    dict(prepare="split", prepare_warps=8, defer_outputs=True, split=0),
-    dict(prepare="split", prepare_warps=8, defer_outputs=True, block_v=16, split=0),
-    dict(prepare="split", prepare_warps=8, split=0),
+    dict(prepare="split", prepare_warps=8, defer_outputs=True, block_v=32, num_warps=4),
     dict(split=0),
 ]
+LENGTHS = (4096, 16384)
 
-# correctness at T = 1024 against the recurrence (float32 truth) and fla
-x = _inputs(1, 1024, 16, 128)
-truth_o, truth_s = delta_rule_recurrent_ref(x["q"].float(), x["k"].float(), x["v"].float(), x["g"],
-                                            x["beta"].float(), x["initial_state"])
-fla_o = fla_s = None
+check = _inputs(1, 1024, 16, 128)
+truth_o, truth_s = delta_rule_recurrent_ref(check["q"].float(), check["k"].float(), check["v"].float(), check["g"],
+                                            check["beta"].float(), check["initial_state"])
+timed = {T: _inputs(1, T, 16, 128) for T in LENGTHS}
+fla_o = None
 if fla is not None:
-    fla_o, fla_s = fla(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
-    rows.append(dict(kind="check", impl="fla", T=1024, o_vs_truth=rel_err(fla_o.float(), truth_o),
-                     s_vs_truth=rel_err(fla_s, truth_s)))
-for var in VARIANTS:
-    try:
-        o, s = chunk_delta_rule(**x, **var)
-        torch.cuda.synchronize()
-        row = dict(kind="check", impl="labkit", T=1024, variant=var, o_vs_truth=rel_err(o.float(), truth_o),
-                   s_vs_truth=rel_err(s, truth_s), nan=bool(torch.isnan(o).any() or torch.isnan(s).any()))
-        if fla_o is not None:
-            row["o_vs_fla"] = rel_err(o.float(), fla_o.float())
-    except Exception as e:  # noqa: BLE001
-        row = dict(kind="check", impl="labkit", T=1024, variant=var, error=repr(e)[:300])
-    rows.append(row)
-    print(row, flush=True)
-save()
-del x, truth_o, truth_s
+    for T in (1024, *LENGTHS):
+        x = check if T == 1024 else timed[T]
+        try:
+            def call(x=x):
+                return fla(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
 
-for T in (4096, 16384):
-    x = _inputs(1, T, 16, 128)
-    if fla is not None:
-        try:
-            ms = measure(lambda: fla(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                                     output_final_state=True), device="cuda", graph=True, repeats=15).ms
-            rows.append(dict(kind="time", impl="fla", T=T, ms=ms))
+            o, s_ = call()
+            row = dict(impl="fla", T=T)
+            if T == 1024:
+                fla_o = o
+                row.update(o_vs_truth=rel_err(o.float(), truth_o), s_vs_truth=rel_err(s_, truth_s))
+            else:
+                row["ms"] = measure(call, device="cuda", graph=True, repeats=15).ms
         except Exception as e:  # noqa: BLE001
-            rows.append(dict(kind="time", impl="fla", T=T, error=repr(e)[:300]))
-        print(rows[-1], flush=True)
-    for var in VARIANTS:
-        if time.time() - T0 > BUDGET:
-            print("budget spent; stopping the sweep", flush=True)
-            break
-        try:
-            ms = measure(lambda: chunk_delta_rule(**x, **var), device="cuda", graph=True, repeats=15).ms
-            row = dict(kind="time", impl="labkit", T=T, variant=var, ms=ms)
-        except Exception as e:  # noqa: BLE001
-            row = dict(kind="time", impl="labkit", T=T, variant=var, error=repr(e)[:300])
+            row = dict(impl="fla", T=T, error=repr(e)[:300])
         rows.append(row)
         print(row, flush=True)
-        save()
-    del x
-    torch.cuda.empty_cache()
-save()
+    save()
+
+for var in VARIANTS:
+    if time.time() - T0 > BUDGET:
+        print("budget spent; stopping the sweep", flush=True)
+        break
+    row = dict(impl="labkit", variant=var)
+    try:
+        o, s_ = chunk_delta_rule(**check, **var)
+        row.update(o_vs_truth=rel_err(o.float(), truth_o), s_vs_truth=rel_err(s_, truth_s),
+                   nan=bool(torch.isnan(o).any() or torch.isnan(s_).any()))
+        if fla_o is not None:
+            row["o_vs_fla"] = rel_err(o.float(), fla_o.float())
+        for T in LENGTHS:
+            row[f"ms_{T}"] = measure(lambda: chunk_delta_rule(**timed[T], **var), device="cuda", graph=True,
+                                     repeats=15).ms
+    except Exception as e:  # noqa: BLE001
+        row["error"] = repr(e)[:300]
+    rows.append(row)
+    print(row, flush=True)
+    save()
 print(f"sweep done in {time.time() - T0:.0f} s")
