@@ -25,12 +25,17 @@ calls. A graph replays the tensors it captured: before each prefill the decoder 
 model still holds the same parameters, unmodified (``_version``), on the same device and dtype,
 and otherwise rebuilds its plan and recaptures.
 
-Prefill runs the model's own forward (projections through cuBLAS, every mixer's maths from
-``labkit.ops.mixers``) with two inner cores swapped for faster implementations of the same
+Prefill runs the model's own forward (projections through cuBLAS, the structure of every mixer
+from ``labkit.ops.mixers``) with its inner cores swapped for faster implementations of the same
 functions (:func:`prefill_cores`): the chunked Triton delta rule, which reads the cache's recurrent
-state and writes the final one back in place, and, for prompts that start every sequence, SDPA's
-causal form of attention. It fills the same cache the fused step reads. Prefill is eager, in every
-fused backend (its length varies per call). ``step`` returns the logits in a buffer that the next
+state and writes the final one back in place; for prompts that start every sequence, SDPA's causal
+form of attention; and one Triton kernel for each element-wise chain between the GEMMs
+(:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
+output norm, LFM2's short conv). It fills the same cache the fused step reads. Under
+``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt length
+(the last ``PREFILL_GRAPHS`` lengths kept): a new length pays an eager warm-up and the capture
+once, later prompts of that length replay it, without the host's launch overhead. A prompt that
+continues cached sequences runs eagerly. ``step`` returns the logits in a buffer that the next
 step overwrites; ``step_greedy`` returns next tokens without writing logits at all.
 """
 

@@ -13,7 +13,7 @@ from ..hw import device_facts
 from ..model import HybridLM, build
 from .decode import PEERS, DecodeResult, time_decode, time_prefill
 from .ops import bench_ops
-from .results import DATA_DIR, load_results, markdown_table, update_readme, write_results
+from .results import DATA_DIR, load_results, markdown_table, plot_prefill_file, update_readme, write_results
 
 
 def _models(names: list[str], device: str, dtype: torch.dtype):
@@ -42,7 +42,8 @@ def _print_rows(rows: list) -> None:
                 print(f"{'':>14} {'':>22} {'':5} {w['tokens_per_s']:10.1f} tok/s wall clock, generate() x{w['calls']} "
                       f"in {w['seconds']:.2f} s{setup}")
         else:
-            print(f"{r.model:>14} {r.impl:>22} B={r.batch:<3} T={r.tokens:<5} {r.ms:10.2f} ms")
+            first = f" (first call of a new decoder {r.first_call_ms:.1f} ms)" if r.first_call_ms is not None else ""
+            print(f"{r.model:>14} {r.impl:>22} B={r.batch:<3} T={r.tokens:<5} {r.ms:10.2f} ms{first}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="also time labkit.generate called N times in a row, set-up included (labkit backends)")
         else:
             s.add_argument("--lengths", nargs="+", type=int, default=[512, 4096])
+            s.add_argument("--peer-repeats", type=int, default=None,
+                           help="repeats for the peers (transformers is slow at long prompts); default --repeats")
+            s.add_argument("--plot", nargs="*", type=Path, default=None, metavar="MORE_JSON",
+                           help="also draw prefill ms against prompt length: <name>.png beside the json, from "
+                                "this run's rows and those of the given results files (e.g. a transformers+fla run)")
     sub.add_parser("hw")
     t = sub.add_parser("table")
     t.add_argument("--readme", type=Path, help="rewrite the results section of this README")
@@ -110,9 +116,12 @@ def main(argv: list[str]) -> int:
                                             wall_calls=tuple(args.wall_calls)))
                     _print_rows(rows[-1:])
                 else:
-                    rows += [time_prefill(model, impl, n, b, args.repeats) for n in args.lengths]
+                    repeats = args.peer_repeats if impl in PEERS and args.peer_repeats else args.repeats
+                    rows += [time_prefill(model, impl, n, b, repeats) for n in args.lengths]
                     _print_rows(rows[-len(args.lengths):])
     command = shlex.join(["python", "-m", "labkit", "bench", *argv])
     path = write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
+    if getattr(args, "plot", None) is not None:
+        print(f"wrote {plot_prefill_file(path, *args.plot)}")
     return 0
