@@ -33,6 +33,7 @@ from .ops.mixers import (
     MixerCores,
     attention_ref,
     gated_deltanet_ref,
+    swiglu_ref,
 )
 from .ops.norm import rms_norm_ref
 from .ops.rope import rope_inv_freq
@@ -62,9 +63,9 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * width, hidden))
         self.down = nn.Parameter(torch.empty(hidden, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).split(self.width, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+    def forward(self, x: torch.Tensor, activation=swiglu_ref) -> torch.Tensor:
+        """``activation``: an implementation of :func:`~labkit.ops.mixers.swiglu_ref` (a core)."""
+        return F.linear(activation(F.linear(x, self.gate_up)), self.down)
 
 
 def attention_dims(cfg: ModelConfig) -> AttentionDims:
@@ -183,7 +184,7 @@ class Block(nn.Module):
         self, h: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
     ) -> torch.Tensor:
         h = h + self.mixer(self.mixer_norm(h, cores.rms_norm), positions, cache, cores)
-        return h + self.mlp(self.mlp_norm(h, cores.rms_norm))
+        return h + self.mlp(self.mlp_norm(h, cores.rms_norm), cores.swiglu)
 
 
 class HybridLM(nn.Module):

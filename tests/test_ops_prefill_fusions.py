@@ -8,7 +8,7 @@ import torch
 
 from conftest import rel_err
 from labkit.ops import prefill_fusions as pf
-from labkit.ops.mixers import GdnDims, gdn_inputs_ref, short_conv_ref
+from labkit.ops.mixers import GdnDims, gdn_inputs_ref, short_conv_ref, swiglu_ref
 from labkit.ops.norm import gated_rms_norm_ref, rms_norm_ref
 
 BOUND = {torch.float32: 1e-6, torch.bfloat16: 8e-3}  # bf16: one rounding of the result apart at most
@@ -96,6 +96,15 @@ def test_short_conv_prefill(dtype, T, device):
         assert torch.equal(new_state, new_ref)
 
 
+@DTYPES
+def test_swiglu_rows(dtype, device):
+    gu = _randn(3, 5, 2 * 37, seed=31, dtype=dtype, device=device, scale=3.0)
+    got = pf.swiglu_rows(gu)
+    want = swiglu_ref(gu)
+    assert got.shape == (3, 5, 37) and got.dtype == dtype
+    assert rel_err(got, want) < 1e-6  # the same two roundings as torch's ops on the dtype
+
+
 def test_bad_input_is_refused(device):
     dims = GdnDims(1, 1, 16, 16)
     proj = torch.zeros(1, 4, dims.proj_dim + 1, device=device)
@@ -104,6 +113,8 @@ def test_bad_input_is_refused(device):
                       torch.zeros(1, device=device), dims)
     with pytest.raises(ValueError, match=r"\[B, T, 3H\]"):
         pf.short_conv_prefill(torch.zeros(1, 4, 10, device=device), None, torch.zeros(3, 3, device=device))
+    with pytest.raises(ValueError, match=r"gate \| up"):
+        pf.swiglu_rows(torch.zeros(2, 7, device=device))
     with pytest.raises(ValueError, match="eps must be a positive"):
         pf.rms_norm_rows(torch.zeros(2, 8, device=device), torch.ones(8, device=device), 0.0)
     o = torch.zeros(1, 2, 1, 8, device=device)

@@ -143,7 +143,8 @@ class MixerCores:
     ``gdn_inputs`` as :func:`gdn_inputs_ref` (it may return q, k, v in the projection's dtype: the
     delta rule takes them in that dtype); ``gated_norm`` as
     :func:`~labkit.ops.norm.gated_rms_norm_ref`; ``short_conv`` as :func:`short_conv_ref`;
-    ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm).
+    ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
+    ``swiglu`` as :func:`swiglu_ref` (the MLP's activation).
     """
 
     delta_rule: DeltaRule = delta_rule_ref
@@ -152,6 +153,7 @@ class MixerCores:
     gated_norm: Callable[..., torch.Tensor] = gated_rms_norm_ref
     short_conv: Callable[..., tuple] = None  # type: ignore[assignment]  # short_conv_ref, set below
     rms_norm: Callable[..., torch.Tensor] = rms_norm_ref
+    swiglu: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # swiglu_ref, set below
 
     def __post_init__(self) -> None:
         # the references are defined below this class: fill them in where left out
@@ -159,6 +161,15 @@ class MixerCores:
             object.__setattr__(self, "gdn_inputs", gdn_inputs_ref)
         if self.short_conv is None:
             object.__setattr__(self, "short_conv", short_conv_ref)
+        if self.swiglu is None:
+            object.__setattr__(self, "swiglu", swiglu_ref)
+
+
+def swiglu_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation: silu(gate) * up for ``gate_up`` [..., 2W] = gate | up, in its dtype
+    (silu's result rounded to it before the product, as torch's ops on the dtype do)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def short_conv_ref(

@@ -18,7 +18,8 @@ rounding to the model's dtype at the end. References (one statement of each piec
 - :func:`gated_rms_norm_rows`: :func:`labkit.ops.norm.gated_rms_norm_ref`,
   rmsnorm(o) * w * silu(z) per head, z read in place from the projection (a strided view);
 - :func:`short_conv_prefill`: :func:`labkit.ops.mixers.short_conv_ref`, LFM2's C * conv(B * x)
-  over the prompt (B * x rounded to the dtype before the conv, as the reference forms it).
+  over the prompt (B * x rounded to the dtype before the conv, as the reference forms it);
+- :func:`swiglu_rows`: :func:`labkit.ops.mixers.swiglu_ref`, the MLP's silu(gate) * up.
 
 The conv states' new windows (the last KW-1 raw rows) are a few rows: the launchers form them
 with torch, before anything is overwritten.
@@ -74,6 +75,40 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset
     _rms_norm_kernel[(cdiv(rows, block_r),)](
         x, weight, out, rows, D, eps, BLOCK_R=block_r, BLOCK_D=next_pow2(D), UNIT_OFFSET=bool(unit_offset),
         OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype), num_warps=4 if D <= 2048 else 8,
+    )
+    return out
+
+
+# -- the MLP's activation ---------------------------------------------------------------------------
+@triton.jit
+def _swiglu_kernel(gu_ptr, out_ptr, rows, W, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+                   OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R), cdiv(W, BLOCK_W)): out = silu(gate) * up, silu rounded to the dtype first."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    m = (r < rows)[:, None] & (c < W)[None, :]
+    at = gu_ptr + r[:, None] * 2 * W + c[None, :]
+    g = tl.load(at, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(at + W, mask=m, other=0.0).to(tl.float32)
+    s = cast(g / (1.0 + tl.exp(-g)), OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    tl.store(out_ptr + r[:, None] * W + c[None, :], cast(s * up, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """:func:`labkit.ops.mixers.swiglu_ref` in one kernel: gate_up [..., 2W] contiguous -> [..., W]."""
+    check_tensor("gate_up", gate_up, dtype=FLOAT_DTYPES, aligned=False)
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up must end in 2W (gate | up) columns, got {list(gate_up.shape)}")
+    W = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], W, dtype=gate_up.dtype, device=gate_up.device)
+    rows = out.numel() // W if W else 0
+    if rows == 0:
+        return out
+    block_w = min(1024, next_pow2(W))
+    block_r = max(1, 4096 // block_w)
+    _swiglu_kernel[(cdiv(rows, block_r), cdiv(W, block_w))](
+        gate_up, out, rows, W, BLOCK_R=block_r, BLOCK_W=block_w, OUT_DTYPE=TORCH_TO_TL[gate_up.dtype],
+        **interpreter_flags(gate_up.dtype), num_warps=4,
     )
     return out
 
