@@ -31,7 +31,7 @@ functions (:func:`prefill_cores`): the chunked Triton delta rule, which reads th
 state and writes the final one back in place; for prompts that start every sequence, SDPA's causal
 form of attention; and one Triton kernel for each element-wise chain between the GEMMs
 (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
-output norm, LFM2's short conv, the MLP's SwiGLU). It fills the same cache the fused step reads. Under
+output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE). It fills the same cache the fused step reads. Under
 ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt length
 (the last ``PREFILL_GRAPHS`` lengths kept): a new length pays an eager warm-up and the capture
 once, later prompts of that length replay it, without the host's launch overhead. A prompt that
@@ -95,14 +95,14 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
     that continues cached sequences takes the explicit mask instead. Both compute the same function
     (:func:`labkit.ops.mixers.attend_causal`): this picks a form, not an approximation. With
     ``fusions`` (:mod:`labkit.ops.prefill_fusions`), the element-wise chains between the GEMMs
-    (norms, the convs, the GDN gates and output norm, SwiGLU) are one kernel each."""
+    (norms, the convs, the GDN gates and output norm, SwiGLU, q/k norm + RoPE) are one kernel each."""
     fresh = all(n == 0 for n in cache.host_lengths)
     attend = attend_causal if fresh else attend_ref
     if fusions is None:
         return MixerCores(delta_rule=delta_rule, attend=attend)
     return MixerCores(delta_rule=delta_rule, attend=attend, gdn_inputs=fusions.gdn_inputs,
                       gated_norm=fusions.gated_rms_norm_rows, short_conv=fusions.short_conv_prefill,
-                      rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows)
+                      rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows, norm_rope=fusions.norm_rope_rows)
 
 
 # -- graphs: the one seam the CPU tests replace ---------------------------------------------------

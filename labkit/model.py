@@ -106,6 +106,7 @@ class Attention(nn.Module):
         out = attention_ref(
             F.linear(x, self.wqkv), self.q_norm.weight, self.k_norm.weight, self.inv_freq, keys, values,
             positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset, attend=cores.attend,
+            norm_rope=cores.norm_rope,
         )
         return F.linear(out, self.wo)
 

@@ -8,7 +8,8 @@ import torch
 
 from conftest import rel_err
 from labkit.ops import prefill_fusions as pf
-from labkit.ops.mixers import GdnDims, gdn_inputs_ref, short_conv_ref, swiglu_ref
+from labkit.ops.mixers import GdnDims, gdn_inputs_ref, norm_rope_ref, short_conv_ref, swiglu_ref
+from labkit.ops.rope import rope_inv_freq
 from labkit.ops.norm import gated_rms_norm_ref, rms_norm_ref
 
 BOUND = {torch.float32: 1e-6, torch.bfloat16: 8e-3}  # bf16: one rounding of the result apart at most
@@ -103,6 +104,21 @@ def test_swiglu_rows(dtype, device):
     want = swiglu_ref(gu)
     assert got.shape == (3, 5, 37) and got.dtype == dtype
     assert rel_err(got, want) < 1e-6  # the same two roundings as torch's ops on the dtype
+
+
+@DTYPES
+@pytest.mark.parametrize("rotary,unit_offset", [(20, False), (6, True)])  # whole head; a part (Qwen3.5)
+def test_norm_rope_rows_reads_heads_in_place(dtype, rotary, unit_offset, device):
+    B, T, H, D = 3, 5, 3, 20
+    proj = _randn(B, T, H * D + 7, seed=41, dtype=dtype, device=device, scale=2.0)
+    x = proj[..., 7:].reshape(B, T, H, D)  # a strided, unaligned view
+    w = _randn(D, seed=42, dtype=dtype, device=device, scale=0.3)
+    positions = (torch.arange(T)[None] + torch.tensor([[0], [3], [1000]])).to(device)  # sequences differ
+    inv = rope_inv_freq(rotary, 10000.0, device=device)
+    got = pf.norm_rope_rows(x, w, positions, inv, 1e-6, unit_offset)
+    want = norm_rope_ref(x, w, positions, inv, 1e-6, unit_offset)
+    assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+    assert rel_err(got, want) < BOUND[dtype]
 
 
 def test_bad_input_is_refused(device):

@@ -144,7 +144,8 @@ class MixerCores:
     delta rule takes them in that dtype); ``gated_norm`` as
     :func:`~labkit.ops.norm.gated_rms_norm_ref`; ``short_conv`` as :func:`short_conv_ref`;
     ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
-    ``swiglu`` as :func:`swiglu_ref` (the MLP's activation).
+    ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``norm_rope`` as :func:`norm_rope_ref`
+    (attention's q and k before the core).
     """
 
     delta_rule: DeltaRule = delta_rule_ref
@@ -154,6 +155,7 @@ class MixerCores:
     short_conv: Callable[..., tuple] = None  # type: ignore[assignment]  # short_conv_ref, set below
     rms_norm: Callable[..., torch.Tensor] = rms_norm_ref
     swiglu: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # swiglu_ref, set below
+    norm_rope: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # norm_rope_ref, set below
 
     def __post_init__(self) -> None:
         # the references are defined below this class: fill them in where left out
@@ -163,6 +165,17 @@ class MixerCores:
             object.__setattr__(self, "short_conv", short_conv_ref)
         if self.swiglu is None:
             object.__setattr__(self, "swiglu", swiglu_ref)
+        if self.norm_rope is None:
+            object.__setattr__(self, "norm_rope", norm_rope_ref)
+
+
+def norm_rope_ref(
+    x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, eps: float,
+    unit_offset: bool,
+) -> torch.Tensor:
+    """Attention's q or k before the core: rope(rmsnorm(x)) per head, x [B, T, H, hd] (the norm's
+    result in x's dtype, then rotated at ``positions`` [B, T])."""
+    return rope_ref(rms_norm_ref(x, weight, eps, unit_offset), positions, inv_freq)
 
 
 def swiglu_ref(gate_up: torch.Tensor) -> torch.Tensor:
@@ -250,6 +263,7 @@ def attention_ref(
     eps: float,
     unit_offset: bool,
     attend: Attend = attend_ref,
+    norm_rope: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention after the qkv projection: y [B, T, nh*hd] in proj's dtype.
 
@@ -261,8 +275,9 @@ def attention_ref(
     B, T, _ = proj.shape
     nh, nkv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
     parts = proj.split(dims.proj_sizes, dim=-1)
-    q = rope_ref(rms_norm_ref(parts[0].reshape(B, T, nh, hd), q_norm_weight, eps, unit_offset), positions, inv_freq)
-    k = rope_ref(rms_norm_ref(parts[1].reshape(B, T, nkv, hd), k_norm_weight, eps, unit_offset), positions, inv_freq)
+    norm_rope = norm_rope or norm_rope_ref
+    q = norm_rope(parts[0].reshape(B, T, nh, hd), q_norm_weight, positions, inv_freq, eps, unit_offset)
+    k = norm_rope(parts[1].reshape(B, T, nkv, hd), k_norm_weight, positions, inv_freq, eps, unit_offset)
     v = parts[2].reshape(B, T, nkv, hd)
     if keys is None:
         keys, values, key_pos = k.transpose(1, 2), v.transpose(1, 2), positions

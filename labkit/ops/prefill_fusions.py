@@ -19,7 +19,9 @@ rounding to the model's dtype at the end. References (one statement of each piec
   rmsnorm(o) * w * silu(z) per head, z read in place from the projection (a strided view);
 - :func:`short_conv_prefill`: :func:`labkit.ops.mixers.short_conv_ref`, LFM2's C * conv(B * x)
   over the prompt (B * x rounded to the dtype before the conv, as the reference forms it);
-- :func:`swiglu_rows`: :func:`labkit.ops.mixers.swiglu_ref`, the MLP's silu(gate) * up.
+- :func:`swiglu_rows`: :func:`labkit.ops.mixers.swiglu_ref`, the MLP's silu(gate) * up;
+- :func:`norm_rope_rows`: :func:`labkit.ops.mixers.norm_rope_ref`, attention's per-head RMSNorm
+  and RoPE of q and k, read in place from the projection.
 
 The conv states' new windows (the last KW-1 raw rows) are a few rows: the launchers form them
 with torch, before anything is overwritten.
@@ -310,6 +312,71 @@ def short_conv_prefill(
     block_t = max(1, min(32, 4096 // block_h))
     _short_conv_prefill_kernel[(cdiv(T, block_t), cdiv(H, block_h), B)](
         proj, state, weight, out, T, H, KW=KW, BLOCK_T=block_t, BLOCK_H=block_h,
-        OUT_DTYPE=TORCH_TO_TL[proj.dtype], **interpreter_flags(proj.dtype), num_warps=4,
+        OUT_DTYPE=TORCH_TO_TL[proj.dtype], **interpreter_flags(proj.dtype), num_warps=8,
     )
     return out, new_state
+
+
+# -- attention: per-head RMSNorm + RoPE of q and k --------------------------------------------------
+@triton.jit
+def _norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
+                      D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                      UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr,
+                      EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R)), a row per (token, head): y = rmsnorm(x) * w rounded to the dtype,
+    then channel pairs (i, i + HALF), i < HALF, rotated by pos * inv_freq[i]; channels from 2 HALF on
+    pass through. Each channel's partner is loaded as a second tile (same row statistics)."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.arange(0, BLOCK_D)
+    cm = c < D
+    m = (r < rows)[:, None] & cm[None, :]
+    token = r // H
+    base = (token // T) * s_b + (token % T) * s_t + (r % H) * s_h
+    x = tl.load(x_ptr + base[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
+    partner = tl.where(c < HALF, c + HALF, tl.where(c < 2 * HALF, c - HALF, c))
+    xp = tl.load(x_ptr + base[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=cm, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        w = w + 1.0
+        wp = wp + 1.0
+    xn = cast(x * inv_rms[:, None] * w[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    xpn = cast(xp * inv_rms[:, None] * wp[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    rot = c < 2 * HALF
+    freq = tl.load(inv_ptr + tl.where(c < HALF, c, c - HALF), mask=rot, other=0.0)
+    pos = tl.load(pos_ptr + token, mask=r < rows, other=0).to(tl.float32)
+    angle = pos[:, None] * freq[None, :]
+    cos, sin = tl.cos(angle), tl.sin(angle)
+    y = tl.where((c < HALF)[None, :], xn * cos - xpn * sin, tl.where(rot[None, :], xn * cos + xpn * sin, xn))
+    tl.store(out_ptr + r[:, None] * D + c[None, :], cast(y, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                   eps: float, unit_offset: bool = False) -> torch.Tensor:
+    """:func:`labkit.ops.mixers.norm_rope_ref` in one kernel: x [B, T, H, D] with unit stride along D
+    (a view of the projection), weight [D], positions [B, T] integer, inv_freq [r/2] float32.
+    Returns a contiguous [B, T, H, D] in x's dtype."""
+    check_tensor("x", x, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
+    B, T, H, D = x.shape
+    if x.stride(3) != 1:
+        raise ValueError(f"x must have unit stride along its last dim, got strides {x.stride()}")
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, shape=(D,), aligned=False)
+    check_tensor("positions", positions, dtype=(torch.int32, torch.int64), shape=(B, T), aligned=False)
+    check_tensor("inv_freq", inv_freq, dtype=torch.float32, shape=(None,), aligned=False)
+    half = inv_freq.shape[0]
+    if not 0 < 2 * half <= D:
+        raise ValueError(f"inv_freq has {half} frequencies: rotating {2 * half} channels of {D}")
+    check_devices(x=x, weight=weight, positions=positions, inv_freq=inv_freq)
+    eps = check_eps("eps", eps)
+    out = torch.empty(B, T, H, D, dtype=x.dtype, device=x.device)
+    rows = B * T * H
+    if rows == 0:
+        return out
+    block_r = _rows_block(D)
+    _norm_rope_kernel[(cdiv(rows, block_r),)](
+        x, weight, positions, inv_freq, out, rows, T, H, x.stride(0), x.stride(1), x.stride(2), eps,
+        D=D, HALF=half, BLOCK_R=block_r, BLOCK_D=next_pow2(D), UNIT_OFFSET=bool(unit_offset),
+        OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype), num_warps=8,  # 4: spills (sm_90)
+    )
+    return out
