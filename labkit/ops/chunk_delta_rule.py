@@ -32,6 +32,18 @@ products folded into the state walk, so chunk states never go through memory):
   checkpoints and the final state. Value columns are independent, so the blocks need no
   coordination.
 
+Two other forms of the same two steps, chosen by ``prepare`` and ``defer_outputs`` (the benchmark
+picks the defaults, ``PREPARE`` and ``DEFER_OUTPUTS``):
+
+- ``prepare="split"``: ``_solve_kernel`` forms L whole (one [C, K] x [K, C] product), parks it in
+  an X buffer and inverts it block by block from there (no key tile stays live through the solve,
+  which is what makes the fused kernel spill), then ``_products_kernel`` forms W, U0 and P, each
+  by its own program (grid (chunk slots, Hv, 3)), from the stored X and G.
+- ``defer_outputs``: the walk keeps only the two products the recurrence needs (U = U0 - W S and
+  the state update) and stores each chunk's start state S0 and deltas U in the input dtype (the
+  rounding the output products would apply anyway); ``_output_kernel`` then forms every chunk's
+  outputs in parallel. The sequential part halves, for a [chunks, Hv, K, V] buffer of states.
+
 At batch 1 (16 heads x 128 columns) that is 64 sequential programs for 132 SMs. The state update
 is affine in S, S_end = A S_start + B over any stretch of tokens, so a long sequence is also cut
 into segments of ``split`` chunks:
