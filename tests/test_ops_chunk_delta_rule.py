@@ -286,6 +286,8 @@ def test_benchmark_needs_a_gpu():
 
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         bench_gdn_prefill()
+    with pytest.raises(ValueError, match="unknown variants"):
+        bench_gdn_prefill(variants=("fastest",))
 
 
 def test_kernels_compile_for_sm90_at_real_shapes():

@@ -104,8 +104,14 @@ MAX_HEAD_DIM = 256
 # (a guess until the benchmark sweeps it on the GPU).
 MIN_SEGMENT_CHUNKS = 8
 PREPARE_KINDS = ("fused", "split")
-PREPARE = "fused"  # the intra-chunk kernels by default (see chunk_delta_rule's ``prepare``)
-DEFER_OUTPUTS = False  # the walk writes the outputs itself by default (see ``defer_outputs``)
+# The defaults (see chunk_delta_rule's ``prepare`` and ``defer_outputs``): the split prepare (no
+# spills on sm_90, where the fused one spills at 255 registers) and the walk without the output
+# products (half its sequential work; fla's layout). Chosen from the compiler's register counts and
+# the walk's critical path, before an H200 timed them: python -m labkit.bench.gdn_prefill --variants
+# times every form beside fla, and these two lines are what to change if it disagrees.
+PREPARE = "split"
+DEFER_OUTPUTS = True
+OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
 
 
 # -- device helpers ---------------------------------------------------------------------------------
@@ -792,7 +798,7 @@ def chunk_delta_rule(
         then W, U0 and P by separate programs); None: ``PREPARE``. prepare_warps: their warps.
     defer_outputs: the walk leaves the outputs to a parallel kernel (it stores each chunk's start
         state and deltas instead); None: ``DEFER_OUTPUTS``. output_block_v: that kernel's value
-        columns per program (default block_v).
+        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -934,7 +940,9 @@ def chunk_delta_rule(
         **flags, **common, num_warps=num_warps, num_stages=num_stages,
     )
     if defer:
-        out_block_v = output_block_v or block_v
+        out_block_v = output_block_v or min(OUTPUT_BLOCK_V, max(16, next_pow2(V)))
+        if out_block_v < 16 or out_block_v & (out_block_v - 1):
+            raise ValueError(f"output_block_v must be a power of two >= 16, got {out_block_v}")
         _output_kernel[(chunk_slots, Hv, cdiv(V, out_block_v))](
             q, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
             **{**common, "BLOCK_V": out_block_v}, num_warps=4,
