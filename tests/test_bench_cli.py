@@ -32,6 +32,9 @@ def test_decode_and_prefill_write_results_with_provenance(tmp_path, capsys):
 def test_ops_needs_a_gpu(tmp_path, capsys):
     if torch.cuda.is_available():
         return
+    assert main(["bench", "prefill", "--models", "tiny-lfm2", "--name", "p", "--gdn-kernel", "k",
+                 "--data-dir", str(tmp_path)]) == 2
+    assert "--gdn-kernel times the kernel inside CUDA graphs" in capsys.readouterr().out
     assert main(["bench", "ops", "--models", "tiny-lfm2", "--name", "o", "--data-dir", str(tmp_path)]) == 2
     assert "CUDA" in capsys.readouterr().out and not list(tmp_path.iterdir())
 

@@ -72,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--lengths", nargs="+", type=int, default=[512, 4096])
             s.add_argument("--peer-repeats", type=int, default=None,
                            help="repeats for the peers (transformers is slow at long prompts); default --repeats")
+            s.add_argument("--gdn-kernel", metavar="NAME",
+                           help="first, in this process, the Gated DeltaNet kernel beside fla "
+                                "(python -m labkit.bench.gdn_prefill: T = 1k..64k and 8 x 2k packed), to NAME.json: "
+                                "with fla on the path, fla's autotuning is then paid once for it and transformers+fla")
+            s.add_argument("--gdn-variants", nargs="*", default=["default"], help="its kernel forms (gdn_prefill.VARIANTS)")
             s.add_argument("--plot", nargs="*", type=Path, default=None, metavar="MORE_JSON",
                            help="also draw prefill ms against prompt length: <name>.png beside the json, from "
                                 "this run's rows and those of the given results files (e.g. a transformers+fla run)")
@@ -95,6 +100,9 @@ def main(argv: list[str]) -> int:
         print(markdown_table(docs))
         return 0
     device = ("cuda" if torch.cuda.is_available() else "cpu") if getattr(args, "device", "auto") == "auto" else args.device
+    if getattr(args, "gdn_kernel", None) and not device.startswith("cuda"):
+        print("--gdn-kernel times the kernel inside CUDA graphs: it needs a CUDA GPU")
+        return 2
     if args.what == "ops" and not device.startswith("cuda"):
         print("bench ops times each op inside a CUDA graph: it needs a CUDA GPU (the CPU tests check the "
               "same ops: python -m pytest tests/test_bench_ops.py)")
@@ -104,6 +112,13 @@ def main(argv: list[str]) -> int:
     if args.what == "hw":
         return 0
     rows: list = []
+    command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+    if getattr(args, "gdn_kernel", None):
+        from .gdn_prefill import bench_gdn_prefill, print_rows
+
+        kernel_rows = bench_gdn_prefill(variants=tuple(args.gdn_variants), reps=10)
+        print_rows(kernel_rows)
+        print(f"wrote {write_results(args.gdn_kernel, 'gdn-prefill', kernel_rows, facts, command=command, data_dir=args.data_dir)}")
     for model in _models(args.models, device, torch.bfloat16):
         for b in args.batch:
             if args.what == "ops":
@@ -119,7 +134,6 @@ def main(argv: list[str]) -> int:
                     repeats = args.peer_repeats if impl in PEERS and args.peer_repeats else args.repeats
                     rows += [time_prefill(model, impl, n, b, repeats) for n in args.lengths]
                     _print_rows(rows[-len(args.lengths):])
-    command = shlex.join(["python", "-m", "labkit", "bench", *argv])
     path = write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
     if getattr(args, "plot", None) is not None:
