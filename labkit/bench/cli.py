@@ -134,6 +134,8 @@ def main(argv: list[str]) -> int:
                     repeats = args.peer_repeats if impl in PEERS and args.peer_repeats else args.repeats
                     rows += [time_prefill(model, impl, n, b, repeats) for n in args.lengths]
                     _print_rows(rows[-len(args.lengths):])
+                # the rows so far, rewritten as they grow: a run stopped by a time limit keeps them
+                write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     path = write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
     if getattr(args, "plot", None) is not None:
