@@ -100,7 +100,10 @@ def plot_prefill_file(path: Path, *more: Path) -> Path:
 
     from ..plots import prefill_vs_length
 
-    docs = [json.loads(Path(p).read_text()) for p in (path, *more)]
+    missing = [str(p) for p in more if not Path(p).exists()]
+    if missing:  # a peer's run that did not finish: plot what there is, and say so
+        print(f"plot: left out missing results files {missing}")
+    docs = [json.loads(Path(p).read_text()) for p in (path, *more) if Path(p).exists()]
     rows = [r for d in docs if d.get("kind") == "prefill" for r in d["results"]]
     models = sorted({r["model"] for r in rows})
     if not models:
