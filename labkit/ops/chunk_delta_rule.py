@@ -111,6 +111,9 @@ PREPARE_KINDS = ("fused", "split")
 # times every form beside fla, and these two lines are what to change if it disagrees.
 PREPARE = "split"
 DEFER_OUTPUTS = True
+# On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
+# 2026-12-01, with the walk that writes the outputs): off unless asked for (split=N, or this flag).
+SPLIT_BY_DEFAULT = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
 
 
@@ -790,7 +793,7 @@ def chunk_delta_rule(
         ``every``, a multiple of the chunk size (64): the state after every ``every`` tokens of each
         sequence (see :func:`num_checkpoints` for the layout), counted from this call's first token.
     split: chunks per segment of the sequence split (module docstring); 0 never splits; None
-        lets :func:`prefill_split` decide.
+        lets :func:`prefill_split` decide where ``SPLIT_BY_DEFAULT``, else no split.
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
         warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
         without spills on sm_90: python -m labkit.compile_check_prefill).
@@ -866,7 +869,7 @@ def chunk_delta_rule(
     if prepare not in (None, *PREPARE_KINDS):
         raise ValueError(f"prepare must be one of {PREPARE_KINDS} or None, got {prepare!r}")
     if split is None:
-        split = prefill_split(N, Hv, v_blocks, total)
+        split = prefill_split(N, Hv, v_blocks, total) if SPLIT_BY_DEFAULT else 0
     if not isinstance(split, int) or split < 0:
         raise ValueError(f"split must be a number of chunks >= 0 (0: no split), got {split!r}")
 
