@@ -33,8 +33,9 @@ form of attention; and one Triton kernel for each element-wise chain between the
 (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
 output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE). It fills the same cache the fused step reads. Under
 ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt length
-(the last ``PREFILL_GRAPHS`` lengths kept): a new length pays an eager warm-up and the capture
-once, later prompts of that length replay it, without the host's launch overhead. A prompt that
+(the last ``PREFILL_GRAPHS`` lengths kept), once a length comes back (``PREFILL_CAPTURE_AT``):
+it pays an eager warm-up and the capture once, later prompts of that length replay it, without
+the host's launch overhead. A prompt that
 continues cached sequences runs eagerly. ``step`` returns the logits in a buffer that the next
 step overwrites; ``step_greedy`` returns next tokens without writing logits at all.
 """
@@ -134,6 +135,10 @@ class CudaGraphs:
 GRAPHS = CudaGraphs()
 
 PREFILL_GRAPHS = 4  # prompt lengths whose prefill graphs a decoder keeps (each holds its activations)
+# A length's prefill is captured when it is seen this many times: on the H200 (Qwen3.5-0.8B, 4,096
+# tokens) the eager fused prefill takes ~25 ms, its warm-up + capture ~60 ms and a replay ~18 ms, so
+# a graph pays off only for lengths that come back: one-off prompts stay eager.
+PREFILL_CAPTURE_AT = 2
 
 
 @dataclass
@@ -299,6 +304,7 @@ class FusedDecoder:
         # fused+graph: the prefill of a fresh cache is captured per prompt length too (PrefillGraph)
         self.graph_prefill = graph
         self._prefill_graphs: OrderedDict[int, PrefillGraph] = OrderedDict()
+        self._prefill_seen: OrderedDict[int, int] = OrderedDict()  # how often each length came (the last 64)
         self.prefill_captures = 0
         self.last_prefill_capture_s: float | None = None  # warm-up + capture of the latest new length
         self.refresh()
@@ -495,14 +501,20 @@ class FusedDecoder:
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]. Under fused+graph, a
-        prompt into a fresh cache replays the graph of its length (captured on its first use)."""
+        prompt into a fresh cache replays the graph of its length, captured when the length comes
+        for the ``PREFILL_CAPTURE_AT``-th time (eager before)."""
         cache = self.cache
         if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
             return self.forward_prefill(input_ids, last_only=True)[:, -1]
         self.refresh()
         self.model._check_input(input_ids, cache)
         T = input_ids.shape[1]
+        self._prefill_seen[T] = self._prefill_seen.pop(T, 0) + 1
+        while len(self._prefill_seen) > 64:
+            self._prefill_seen.popitem(last=False)
         entry = self._prefill_graphs.get(T)
+        if entry is None and self._prefill_seen[T] < PREFILL_CAPTURE_AT:
+            return self.forward_prefill(input_ids, last_only=True)[:, -1]
         if entry is None:
             t0 = time.perf_counter()
             entry = self._capture_prefill(input_ids)

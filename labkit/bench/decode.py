@@ -138,7 +138,8 @@ class PrefillResult:
     runs_ms: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
     # labkit backends: the first prefill of this length by a new decoder (kernels already compiled),
-    # host clock, set-up included (fused+graph: its warm-up and CUDA-graph capture)
+    # host clock (fused+graph runs a length's first prefill eagerly and captures it the second time,
+    # labkit.fused.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
     first_call_ms: float | None = None
     error: str | None = None
 
