@@ -356,3 +356,22 @@ def article_cache_curves(doc: dict, axes=None):
         ax.set_xlabel("reuse threshold (change of the gates vs their EMA)")
         ax.legend(fontsize=6)
     return axes
+
+
+def prefill_vs_length(rows, ax=None, title: str = ""):
+    """Prefill milliseconds against prompt length, one line per implementation (results rows with
+    impl, tokens, ms; failed rows left out), log-log so that linear cost is a slope of one."""
+    ax = ax or plt.gca()
+    impls = sorted({r["impl"] for r in rows})
+    for impl in impls:
+        pts = sorted((r["tokens"], r["ms"]) for r in rows if r["impl"] == impl and r.get("ms") is not None)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("prefill ms (median, measured)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", lw=0.3)
+    ax.legend(fontsize=7)
+    return ax

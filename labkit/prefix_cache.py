@@ -67,7 +67,8 @@ is refused with a clear error rather than restoring foreign state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -75,7 +76,7 @@ import torch
 from .cache import CacheFullError, HybridCache
 from .fused import weights_key
 from .model import HybridLM
-from .ops.mixers import MixerCores
+from .ops.mixers import gdn_inputs_ref, short_conv_ref
 
 POLICIES = ("lru", "flops")
 ADMISSIONS = ("every", "ends")
@@ -435,7 +436,10 @@ class _BoundaryStates:
         self.from_kernel = bool(count and multiple and every % multiple == 0)
         self._checkpoints: list[torch.Tensor] = []
         self.base = decoder.prefill_cores(every, self._checkpoints) if self.from_kernel else decoder.prefill_cores()
-        self.cores = MixerCores(delta_rule=self._delta_rule, attend=self.base.attend, conv=self._conv)
+        # the base's kernels stay, except the two that hold a conv: their references call this conv
+        self.cores = replace(self.base, delta_rule=self._delta_rule, conv=self._conv,
+                             short_conv=partial(short_conv_ref, conv=self._conv),
+                             gdn_inputs=partial(gdn_inputs_ref, conv=self._conv))
 
     def _ends(self) -> list[int]:
         return [self.every * (j + 1) for j in range(self.count)]

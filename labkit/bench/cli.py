@@ -16,7 +16,7 @@ from .article_cache import command_line as article_cache_command
 from .article_cache import run as run_article_cache
 from .decode import PEERS, DecodeResult, time_decode, time_prefill
 from .ops import bench_ops
-from .results import DATA_DIR, load_results, markdown_table, update_readme, write_results
+from .results import DATA_DIR, load_results, markdown_table, plot_prefill_file, update_readme, write_results
 
 
 def _models(names: list[str], device: str, dtype: torch.dtype):
@@ -45,7 +45,8 @@ def _print_rows(rows: list) -> None:
                 print(f"{'':>14} {'':>22} {'':5} {w['tokens_per_s']:10.1f} tok/s wall clock, generate() x{w['calls']} "
                       f"in {w['seconds']:.2f} s{setup}")
         else:
-            print(f"{r.model:>14} {r.impl:>22} B={r.batch:<3} T={r.tokens:<5} {r.ms:10.2f} ms")
+            first = f" (first call of a new decoder {r.first_call_ms:.1f} ms)" if r.first_call_ms is not None else ""
+            print(f"{r.model:>14} {r.impl:>22} B={r.batch:<3} T={r.tokens:<5} {r.ms:10.2f} ms{first}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +73,16 @@ def _parser() -> argparse.ArgumentParser:
                            help="also time labkit.generate called N times in a row, set-up included (labkit backends)")
         else:
             s.add_argument("--lengths", nargs="+", type=int, default=[512, 4096])
+            s.add_argument("--peer-repeats", type=int, default=None,
+                           help="repeats for the peers (transformers is slow at long prompts); default --repeats")
+            s.add_argument("--gdn-kernel", metavar="NAME",
+                           help="first, in this process, the Gated DeltaNet kernel beside fla "
+                                "(python -m labkit.bench.gdn_prefill: T = 1k..64k and 8 x 2k packed), to NAME.json: "
+                                "with fla on the path, fla's autotuning is then paid once for it and transformers+fla")
+            s.add_argument("--gdn-variants", nargs="*", default=["default"], help="its kernel forms (gdn_prefill.VARIANTS)")
+            s.add_argument("--plot", nargs="*", type=Path, default=None, metavar="MORE_JSON",
+                           help="also draw prefill ms against prompt length: <name>.png beside the json, from "
+                                "this run's rows and those of the given results files (e.g. a transformers+fla run)")
     ac = sub.add_parser("article-cache", help="the article's two-level cache: skipped work, error, bits per byte, "
                         "tok/s across thresholds (labkit.bench.article_cache)")
     add_article_cache_arguments(ac)
@@ -118,6 +129,9 @@ def main(argv: list[str]) -> int:
         print(markdown_table(docs))
         return 0
     device = ("cuda" if torch.cuda.is_available() else "cpu") if getattr(args, "device", "auto") == "auto" else args.device
+    if getattr(args, "gdn_kernel", None) and not device.startswith("cuda"):
+        print("--gdn-kernel times the kernel inside CUDA graphs: it needs a CUDA GPU")
+        return 2
     if args.what == "ops" and not device.startswith("cuda"):
         print("bench ops times each op inside a CUDA graph: it needs a CUDA GPU (the CPU tests check the "
               "same ops: python -m pytest tests/test_bench_ops.py)")
@@ -142,6 +156,13 @@ def main(argv: list[str]) -> int:
         path = write_results(args.name, "prefix-cache", rows, facts, command=command, data_dir=args.data_dir)
         print(f"wrote {path}")
         return 0
+    command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+    if getattr(args, "gdn_kernel", None):
+        from .gdn_prefill import bench_gdn_prefill, print_rows
+
+        kernel_rows = bench_gdn_prefill(variants=tuple(args.gdn_variants), reps=10)
+        print_rows(kernel_rows)
+        print(f"wrote {write_results(args.gdn_kernel, 'gdn-prefill', kernel_rows, facts, command=command, data_dir=args.data_dir)}")
     for model in _models(args.models, device, torch.bfloat16):
         for b in args.batch:
             if args.what == "ops":
@@ -154,9 +175,13 @@ def main(argv: list[str]) -> int:
                                             wall_calls=tuple(args.wall_calls)))
                     _print_rows(rows[-1:])
                 else:
-                    rows += [time_prefill(model, impl, n, b, args.repeats) for n in args.lengths]
+                    repeats = args.peer_repeats if impl in PEERS and args.peer_repeats else args.repeats
+                    rows += [time_prefill(model, impl, n, b, repeats) for n in args.lengths]
                     _print_rows(rows[-len(args.lengths):])
-    command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+                # the rows so far, rewritten as they grow: a run stopped by a time limit keeps them
+                write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     path = write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
+    if getattr(args, "plot", None) is not None:
+        print(f"wrote {plot_prefill_file(path, *args.plot)}")
     return 0
