@@ -352,50 +352,78 @@ def batch_config_rows(model: HybridLM, batch: int = 16) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    import argparse
+PARTS = ("launch", "block_v", "fit", "pdl", "pdl_chain", "host", "norm", "batch16")
+COMMAND = "python -m labkit.bench.fusion_evidence"
+
+
+def collect(models: dict[str, HybridLM], parts: Sequence[str] = PARTS, log=print,
+            on_part: Callable[[dict], None] | None = None) -> dict:
+    """Every part of the evidence for ``models`` (name -> model on a GPU; the Gated DeltaNet parts use
+    the first model with GDN layers). A part that fails is recorded as ``{"error": ...}``, and the
+    rest still run; ``on_part(doc)`` is called after each (e.g. to write the file as it grows)."""
+    from ..hw import measure_launch_overhead
+
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+    gdn = next((m for m in models.values() if "gdn" in m.cfg.layer_types), None)
+    every = lambda fn: [r for m in models.values() for r in fn(m)]  # noqa: E731
+    steps = {
+        "launch": lambda: measure_launch_overhead(device="cuda"),
+        "block_v": lambda: gdn_block_v_rows(gdn, (1, 16), (4, 8, 16, 32, 64, 128)) if gdn else [],
+        "fit": lambda: every(lambda m: linear_points(m, 1)),
+        "pdl": lambda: {n: pdl_timelines(m, 1) for n, m in models.items()},
+        "pdl_chain": lambda: every(lambda m: pdl_chain_rows(m, 1)),
+        "host": lambda: {n: host_costs(m) for n, m in models.items()},
+        "norm": lambda: every(lambda m: norm_prologue_rows(m, 1)),
+        "batch16": lambda: every(lambda m: batch_config_rows(m, 16)),
+    }
+    doc: dict = {"kind": "fusion-evidence"}
+    for name in parts:
+        t0 = time.perf_counter()
+        try:
+            doc[name] = steps[name]()
+        except Exception as exc:  # one failed part must not lose the others
+            doc[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        log(f"{name}: {time.perf_counter() - t0:.1f} s" + (f" ({doc[name]['error']})" if "error" in doc[name] else ""))
+        if on_part is not None:
+            on_part(doc)
+    return doc
+
+
+def write_evidence(doc: dict, facts, command: str = COMMAND, path=None):
+    """``doc`` with its provenance (GPU, versions, date, command) as
+    ``data/bench/<gpu>/fusion-evidence.json`` (or ``path``); returns the path."""
     import json
     from pathlib import Path
 
+    from .results import DATA_DIR, provenance
+
+    path = Path(path) if path else DATA_DIR / facts.slug / "fusion-evidence.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**provenance(facts, command), **doc}, indent=1, default=str) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     from ..hw import device_facts
     from ..notebooks import load_model
-    from .results import DATA_DIR, provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="results file (default data/bench/<gpu>/fusion-evidence.json)")
-    ap.add_argument("--parts", default="block_v,fit,pdl,pdl_chain,host,norm,batch16")
+    ap.add_argument("--parts", default=",".join(PARTS))
     args = ap.parse_args(argv)
-    parts = set(args.parts.split(","))
     facts = device_facts("cuda")
     models = {n: load_model(n, torch.bfloat16, "cuda") for n in ("lfm2-350m", "qwen3.5-0.8b")}
-    doc: dict = {"kind": "fusion-evidence"}
-    path = Path(args.out) if args.out else DATA_DIR / facts.slug / "fusion-evidence.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    steps = [
-        ("block_v", lambda: gdn_block_v_rows(models["qwen3.5-0.8b"], (1, 16), (4, 8, 16, 32, 64, 128))),
-        ("fit", lambda: [r for m in models.values() for r in linear_points(m, 1)]),
-        ("pdl", lambda: {n: pdl_timelines(m, 1) for n, m in models.items()}),
-        ("pdl_chain", lambda: [r for m in models.values() for r in pdl_chain_rows(m, 1)]),
-        ("host", lambda: {n: host_costs(m) for n, m in models.items()}),
-        ("norm", lambda: [r for m in models.values() for r in norm_prologue_rows(m, 1)]),
-        ("batch16", lambda: [r for m in models.values() for r in batch_config_rows(m, 16)]),
-    ]
-    for name, fn in steps:
-        if name not in parts:
-            continue
-        t0 = time.perf_counter()
-        try:
-            doc[name] = fn()
-        except Exception as exc:  # one failed part must not lose the others
-            doc[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
-        full = {**provenance(facts, "python -m labkit.bench.fusion_evidence"), **doc}
-        path.write_text(json.dumps(full, indent=1, default=str) + "\n")
-    if "fit" in doc and isinstance(doc["fit"], list):
-        f = fit_fixed_cost([r["bytes"] for r in doc["fit"]], [r["us"] for r in doc["fit"]])
-        print(f"fit over {f.points} projections: t = {f.t0_us:.2f} µs + bytes / {f.bytes_per_s / 1e12:.2f} TB/s "
+    doc = collect(models, args.parts.split(","), on_part=lambda d: write_evidence(d, facts, path=args.out))
+    if isinstance(doc.get("fit"), list):
+        pts = [r for r in doc["fit"] if not r["op"].startswith("lm_head")]
+        f = fit_fixed_cost([r["bytes"] for r in pts], [r["us"] for r in pts])
+        print(f"fit over {f.points} layer projections: t = {f.t0_us:.2f} µs + bytes / {f.bytes_per_s / 1e12:.2f} TB/s "
               f"(rms residual {f.rms_residual_us:.2f} µs)")
-    print(path)
+    print(write_evidence(doc, facts, path=args.out))
 
 
 if __name__ == "__main__":
