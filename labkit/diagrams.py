@@ -21,20 +21,22 @@ def _program_colors(ids: np.ndarray, ax, extent, cmap: str = "tab20"):
 
 
 def gemv_tiles(n: int, k: int, block_n: int, block_k: int, split_k: int = 1, *, ax=None, sms: int | None = None,
-               title: str = ""):
+               title: str = "", tiles_shown: int = 16):
     """The [N, K] weight of one projection, coloured by the program that streams each element:
     row tiles of ``block_n`` outputs, K cut into ``split_k`` slices (each a whole number of
-    ``block_k`` steps). The input row x sits on top; every program reads the slice of x it needs."""
+    ``block_k`` steps). The input row x sits on top; every program reads the slice of x it needs.
+    Only the first ``tiles_shown`` row tiles are drawn (the rest repeat them), so each is visible."""
     ax = ax or plt.gca()
     k_per_split = -(-(-(-k // split_k)) // block_k) * block_k
+    tiles = -(-n // block_n)
+    n_all, n = n, min(n, tiles_shown * block_n)
     rows = np.arange(n)[:, None] // block_n
     cols = np.minimum(np.arange(k)[None, :] // k_per_split, split_k - 1)
-    tiles = -(-n // block_n)
     _program_colors(rows * split_k + cols, ax, extent=(0, k, n, 0))
     for s in range(1, split_k):
         ax.axvline(s * k_per_split, color="black", lw=1.2)
     ax.add_patch(Rectangle((0, -0.08 * n), k, 0.05 * n, color=COLORS["projections"], clip_on=False))
-    ax.text(k / 2, -0.055 * n, "x (one row of K inputs, read by every program)", ha="center", va="center",
+    ax.text(k / 2, -0.055 * n, "x (the K inputs, read by every program)", ha="center", va="center",
             fontsize=7, color="white")
     programs = tiles * split_k
     note = f"{tiles} row tiles x {split_k} K-splits = {programs} programs"
@@ -42,7 +44,7 @@ def gemv_tiles(n: int, k: int, block_n: int, block_k: int, split_k: int = 1, *, 
         note += f" on {sms} SMs ({programs / sms:.1f} per SM)"
     ax.set_title(title + ("\n" if title else "") + note, fontsize=8)
     ax.set_xlabel(f"K (input features; one step reads block_k = {block_k} of them)")
-    ax.set_ylabel(f"N (outputs; a program owns block_n = {block_n})")
+    ax.set_ylabel(f"outputs {0}-{n - 1} of {n_all}\n(a program owns block_n = {block_n})")
     ax.set_ylim(n, -0.1 * n)
     return ax
 
