@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -63,13 +65,23 @@ class StepProfile:
     batch: int
     context: int
     device: str
-    step_ms: float  # measured outside the profiler, median over steps
+    step_ms: float  # measured outside the profiler, median over rounds
     kernels_per_step: float | None
     busy_ms: float | None  # device busy (union of kernel intervals) per step
     family_ms: dict[str, float] = field(default_factory=dict)  # per step: device time (GPU) or CPU self time
     tensor_core_share: float | None = None
     bytes_per_step: int = 0
     timeline: list[KernelSpan] = field(default_factory=list)  # one step
+    # the same steps timed under the profiler, in rounds interleaved with the unprofiled ones
+    profiled_step_ms: float | None = None
+    bench_runs_ms: list[float] = field(default_factory=list)  # per step, one per round, no profiler
+    profiled_runs_ms: list[float] = field(default_factory=list)  # per step, one per round, profiled
+    launch_api_us: float | None = None  # mean cudaLaunchKernel call as the profiler saw it (inflated by it)
+
+    @property
+    def profiler_overhead(self) -> float | None:
+        """Profiled step time over the unprofiled one (1.0: the profiler costs nothing)."""
+        return None if self.profiled_step_ms is None else self.profiled_step_ms / self.step_ms
 
     @property
     def idle_ms(self) -> float | None:
@@ -172,6 +184,9 @@ def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: 
             tc_us += dur
         spans.append(KernelSpan(e.name, fam, e.time_range.start, dur))
     result.kernels_per_step = len(device) / steps
+    calls = [e for e in events if e.device_type == cpu and e.name.startswith("cudaLaunchKernel")]
+    if calls:
+        result.launch_api_us = sum(e.time_range.end - e.time_range.start for e in calls) / len(calls)
     result.tensor_core_share = tc_us / total_us if total_us else None
     if not device:
         return
@@ -256,42 +271,53 @@ def profile_decode(
     context: int = 128,
     steps: int = 5,
     warmup: int = 3,
+    rounds: int = 3,
 ) -> StepProfile:
-    """Profile ``steps`` greedy decode steps after a ``context``-token prefill."""
+    """Profile greedy decode steps after a ``context``-token prefill, interleaved with the same steps
+    unprofiled, in one run.
+
+    Each of ``rounds`` rounds times ``steps`` back-to-back steps without the profiler (as a decode
+    loop issues them: the host queues step n+1 while the GPU runs step n), then ``steps`` more under
+    the profiler, with the module scopes it needs. ``step_ms`` is the median unprofiled step,
+    ``profiled_step_ms`` the median profiled one: their ratio is the profiler's own overhead. The
+    kernels of the last round are attributed.
+    """
+    if steps < 1 or rounds < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1, rounds >= 1, warmup >= 0; got {steps}, {rounds}, {warmup}")
     cuda = model.device.type == "cuda"
-    cache = model.new_cache(batch, context + warmup + 4 * steps + 1)
+    cache = model.new_cache(batch, context + warmup + 2 * rounds * steps + 1)
     decoder = make_decoder(backend, model, cache)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
     token = decoder.prefill(ids.to(model.device)).argmax(-1)
     for _ in range(warmup):
         token = decoder.step(token).argmax(-1)
-
-    # wall time per step, without the profiler's overhead: runs of back-to-back steps, as a decode
-    # loop issues them (the CPU queues step n+1 while the GPU still runs step n), median of 3
     last = {"token": token}
 
     def run() -> None:
         for _ in range(steps):
             last["token"] = decoder.step(last["token"]).argmax(-1)
 
-    step_ms = measure(run, device=model.device, graph=False, warmup=0, repeats=3).ms / steps
-    token = last["token"]
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with _module_scopes(model), _profiling(activities) as prof:
-        for _ in range(steps):
-            with record_function("labkit::step"):
-                logits = decoder.step(token)
-                with record_function("labkit::sampling"):
-                    token = logits.argmax(-1)
-        if cuda:
-            torch.cuda.synchronize()
+    bench, profiled, prof = [], [], None
+    for _ in range(rounds):
+        bench.append(measure(run, device=model.device, graph=False, warmup=0, repeats=1).ms / steps)
+        with _module_scopes(model), _profiling(activities) as prof:
+            _sync(model.device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                with record_function("labkit::step"):
+                    logits = decoder.step(last["token"])
+                    with record_function("labkit::sampling"):
+                        last["token"] = logits.argmax(-1)
+            _sync(model.device)
+            profiled.append((time.perf_counter() - t0) * 1e3 / steps)
 
     events = prof.events()
     result = StepProfile(
         model=model.cfg.name, backend=backend, batch=batch, context=context,
-        device=model.device.type, step_ms=step_ms, kernels_per_step=None, busy_ms=None,
+        device=model.device.type, step_ms=statistics.median(bench), kernels_per_step=None, busy_ms=None,
         bytes_per_step=step_cost(model.cfg, batch, context, model.dtype.itemsize).bytes,
+        profiled_step_ms=statistics.median(profiled), bench_runs_ms=bench, profiled_runs_ms=profiled,
     )
     family_ms = dict.fromkeys(FAMILIES, 0.0)
     if cuda:
@@ -303,3 +329,8 @@ def profile_decode(
             family_ms[_family_of(e, e.name)] += e.self_cpu_time_total / 1e3 / steps
     result.family_ms = {k: v for k, v in family_ms.items() if v > 0}
     return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
