@@ -167,10 +167,11 @@ def time_steps(model: HybridLM, backend: str, batch: int, context: int, steps: i
 
 
 def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int = 128, steps: int = 5,
-             rounds: int = 3) -> tuple[Diagnosis, StepProfile]:
+             rounds: int = 3, graph: bool = True) -> tuple[Diagnosis, StepProfile]:
     """Profile the reference step (interleaved with its benchmark), split its time, and run the two
-    tests of the split: the trivial-work twin and, on a GPU, the reference replayed from a CUDA graph.
-    ``launch``: :func:`labkit.hw.measure_launch_overhead`'s result on this device."""
+    tests of the split: the trivial-work twin and, on a GPU (with ``graph``), the reference replayed
+    from a CUDA graph (:func:`graph_experiment`). ``launch``: :func:`labkit.hw.measure_launch_overhead`'s
+    result on this device."""
     prof = profile_decode(model, "reference", batch, context, steps, rounds=rounds)
     twin_model = build(trivial_twin(model.cfg), dtype=model.dtype, device=model.device)
     twin = profile_decode(twin_model, "reference", batch, context, steps, rounds=rounds)
@@ -189,8 +190,15 @@ def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int
         twin_step_ms=twin.step_ms, twin_kernels=twin.kernels_per_step, twin_busy_ms=twin.busy_ms,
         launch_api_us=prof.launch_api_us, bytes_per_step=prof.bytes_per_step, split_error=split_error,
     )
-    if cuda:
-        d.graph_step_ms = time_steps(model, "reference+graph", batch, context, 4 * steps, rounds)
-        d.graph_predicted_ms = prof.busy_ms + prof.kernels_per_step * launch["graph_us"] / 1e3
-        d.graph_rel_err, d.graph_tokens_match = graph_parity(model, batch, context)
+    if cuda and graph:
+        graph_experiment(d, model, steps, rounds)
     return d, prof
+
+
+def graph_experiment(d: Diagnosis, model: HybridLM, steps: int = 5, rounds: int = 3) -> Diagnosis:
+    """Fill in ``d``'s decisive experiment: the reference step replayed from a CUDA graph, timed as the
+    eager one is, predicted at GPU busy + kernels x graph launch cost, and checked against eager."""
+    d.graph_step_ms = time_steps(model, "reference+graph", d.batch, d.context, 4 * steps, rounds)
+    d.graph_predicted_ms = d.gpu_busy_ms + d.kernels * d.graph_launch_us / 1e3
+    d.graph_rel_err, d.graph_tokens_match = graph_parity(model, d.batch, d.context)
+    return d

@@ -334,3 +334,37 @@ def profile_decode(
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass
+class PrefillProfile:
+    model: str
+    tokens: int
+    batch: int
+    wall_ms: float  # one prefill under the profiler, host clock (includes the profiler's overhead)
+    kernels: int | None
+    busy_ms: float | None  # union of the prefill's kernel intervals
+
+
+@torch.no_grad()
+def profile_prefill(model: HybridLM, tokens: int, batch: int = 1) -> PrefillProfile:
+    """Kernels and GPU-busy time of one reference prefill of ``tokens`` tokens (after one warm-up)."""
+    cache = model.new_cache(batch, tokens)
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.device)
+    decoder = make_decoder("reference", model, cache)
+    decoder.prefill(ids)
+    cuda = model.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    cache.reset()
+    with _profiling(activities) as prof:
+        _sync(model.device)
+        t0 = time.perf_counter()
+        decoder.prefill(ids)
+        _sync(model.device)
+        wall = (time.perf_counter() - t0) * 1e3
+    if not cuda:
+        return PrefillProfile(model.cfg.name, tokens, batch, wall, None, None)
+    kernels = [e for e in prof.events() if _is_kernel(e)]
+    busy = _union_ms([(e.time_range.start, e.time_range.end) for e in kernels])
+    return PrefillProfile(model.cfg.name, tokens, batch, wall, len(kernels), busy)
