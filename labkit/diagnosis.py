@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 import torch
 
@@ -118,6 +119,12 @@ class Diagnosis:
     launch_api_us: float | None = None  # cudaLaunchKernel as the profiler saw it
     bytes_per_step: int = 0
     split_error: str | None = None  # why the step could not be split (split_step_time's message)
+    tensor_core_share: float | None = None  # of the device time
+    kernel_median_us: float | None = None  # median kernel duration
+    bench_runs_ms: list = field(default_factory=list)
+    profiled_runs_ms: list = field(default_factory=list)
+    family_ms: dict = field(default_factory=dict)  # device ms per op family (CPU ms on a CPU)
+    timeline: list = field(default_factory=list)  # one step: [family, start µs, duration µs] per kernel
 
     @property
     def profiler_overhead(self) -> float:
@@ -189,7 +196,12 @@ def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int
         launch_ms=split.launch_ms if split else None, python_ms=split.python_ms if split else None,
         twin_step_ms=twin.step_ms, twin_kernels=twin.kernels_per_step, twin_busy_ms=twin.busy_ms,
         launch_api_us=prof.launch_api_us, bytes_per_step=prof.bytes_per_step, split_error=split_error,
+        tensor_core_share=prof.tensor_core_share, bench_runs_ms=prof.bench_runs_ms,
+        profiled_runs_ms=prof.profiled_runs_ms, family_ms=prof.family_ms,
+        timeline=[[s.family, round(s.start_us, 3), round(s.dur_us, 3)] for s in prof.timeline],
     )
+    if prof.timeline:
+        d.kernel_median_us = statistics.median(s.dur_us for s in prof.timeline)
     if cuda and graph:
         graph_experiment(d, model, steps, rounds)
     return d, prof

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from dataclasses import asdict
 
 import torch
@@ -14,6 +15,7 @@ import torch
 import labkit
 from labkit.diagnosis import diagnose, graph_experiment
 from labkit.bench.decode import time_decode
+from labkit.bench.results import write_results
 from labkit.hw import device_facts, measure_launch_overhead
 from labkit.profile import profile_prefill
 
@@ -35,6 +37,7 @@ def save():
 
 only = sys.argv[1:] or ["lfm2-350m:1", "qwen3.5-0.8b:1", "lfm2-350m:16", "qwen3.5-0.8b:16"]
 models = {}
+diagnoses = []
 out["decode"], out["prefill"] = [], []
 for job in only:
     name, b = job.split(":")
@@ -50,7 +53,12 @@ for job in only:
             graph_experiment(d, models[name])
         except Exception:
             traceback.print_exc()
+        diagnoses.append(d)
+        if DEVICE == "cuda":  # the committed file notebook 01 reads on a machine without a GPU
+            print(write_results("baseline-diagnosis", "diagnosis", diagnoses, facts, data_dir=Path(res),
+                                command="bash tools/gpu_experiments/nb01.sh (labkit.diagnosis.diagnose)"))
         row = asdict(d)
+        row.pop("timeline")
         row["profiler_overhead"] = d.profiler_overhead
         row["seconds"] = time.time() - t0
         tl = p.timeline
