@@ -68,3 +68,13 @@ def test_trivial_twin_runs_the_same_ops(preset):
     model = labkit.build(preset, dtype=torch.float32)
     twin = labkit.build(trivial_twin(model.cfg), dtype=torch.float32)
     assert _aten_ops(twin) == _aten_ops(model)
+
+
+def test_busy_fraction_covers_overlaps_once_and_splits_across_bins():
+    from labkit.plots import busy_fraction
+
+    spans = [("mlp", 0.0, 5.0), ("mlp", 2.0, 2.0), ("norm", 8.0, 4.0), ("norm", 19.0, 1.0)]
+    assert busy_fraction(spans, 10.0) == pytest.approx([0.7, 0.3])
+    assert busy_fraction(spans, 10.0, end_us=40.0) == pytest.approx([0.7, 0.3, 0.0, 0.0])
+    with pytest.raises(ValueError, match="bin_us"):
+        busy_fraction(spans, 0.0)
