@@ -37,7 +37,7 @@ def save():
 
 only = sys.argv[1:] or ["lfm2-350m:1", "qwen3.5-0.8b:1", "lfm2-350m:16", "qwen3.5-0.8b:16"]
 models = {}
-diagnoses = []
+diagnoses, prefills = [], []
 out["decode"], out["prefill"] = [], []
 for job in only:
     name, b = job.split(":")
@@ -94,6 +94,10 @@ for job in only:
             for n in (512, 4096):
                 pp = profile_prefill(models[name], n)
                 out["prefill"].append(asdict(pp))
+                prefills.append(pp)
+                if DEVICE == "cuda":
+                    write_results("baseline-prefill-profile", "prefill-profile", prefills, facts, data_dir=Path(res),
+                                  command="bash tools/gpu_experiments/nb01.sh (labkit.profile.profile_prefill)")
                 print(f"prefill {n}: {pp}")
         print(f"timeline: {len(tl)} kernels over {row['timeline_span_us']:.0f} us, busy {row['timeline_busy_us']:.0f} us; "
               f"largest gaps {row['largest_gaps_us']}")
