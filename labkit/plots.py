@@ -186,7 +186,7 @@ def step_timeline(spans, ax, strip_ax, title: str = "", bins: int = 100):
     ax.set_xlim(0, end)
     ax.set_yticks([])
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.12), frameon=False)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.005, 0.5), frameon=False)
     width = end / bins
     frac = busy_fraction(rows, width, end)
     strip_ax.bar([i * width for i in range(len(frac))], [100 * f for f in frac], width=width, align="edge",
@@ -214,7 +214,7 @@ def time_split_bars(rows, ax=None, title: str = ""):
     ax.set_xlim(0, 1.18 * max(s.step_ms for s in splits))
     ax.set_xlabel("ms per decode step (measured without the profiler)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=3, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45 * 4 / (len(rows) + 3)), ncol=3, frameon=False)
     return ax
 
 
