@@ -174,14 +174,14 @@ def time_steps(model: HybridLM, backend: str, batch: int, context: int, steps: i
 
 
 def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int = 128, steps: int = 5,
-             rounds: int = 3, graph: bool = True) -> tuple[Diagnosis, StepProfile]:
+             rounds: int = 3, graph: bool = True, twin_rounds: int | None = None) -> tuple[Diagnosis, StepProfile]:
     """Profile the reference step (interleaved with its benchmark), split its time, and run the two
     tests of the split: the trivial-work twin and, on a GPU (with ``graph``), the reference replayed
     from a CUDA graph (:func:`graph_experiment`). ``launch``: :func:`labkit.hw.measure_launch_overhead`'s
     result on this device."""
     prof = profile_decode(model, "reference", batch, context, steps, rounds=rounds)
     twin_model = build(trivial_twin(model.cfg), dtype=model.dtype, device=model.device)
-    twin = profile_decode(twin_model, "reference", batch, context, steps, rounds=rounds)
+    twin = profile_decode(twin_model, "reference", batch, context, steps, rounds=twin_rounds or rounds)
     cuda = model.device.type == "cuda"
     split, split_error = None, None
     if cuda:

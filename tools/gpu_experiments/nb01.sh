@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv > "$RES/nvi
 uptime > "$RES/uptime.txt" 2>&1
 nproc >> "$RES/uptime.txt" 2>&1
 # the article's Nsight Compute metric names: listed by ncu or not
-timeout 12 ncu --query-metrics --chip gh100 > "$RES/ncu-query.txt" 2>&1
-timeout 10 python3 tools/gpu_experiments/nb01_ncu.py 2>&1 | tee "$RES/ncu.log"
-timeout 90 python3 tools/gpu_experiments/nb01_diag.py 2>&1 | tee "$RES/diag.log"
+timeout 10 ncu --query-metrics --chip gh100 > "$RES/ncu-query.txt" 2>&1
+timeout 8 python3 tools/gpu_experiments/nb01_ncu.py 2>&1 | tee "$RES/ncu.log"
+timeout 95 python3 tools/gpu_experiments/nb01_diag.py 2>&1 | tee "$RES/diag.log"
 uptime >> "$RES/uptime.txt" 2>&1

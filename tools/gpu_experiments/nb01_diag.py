@@ -48,7 +48,7 @@ for job in only:
             models.clear()
             torch.cuda.empty_cache()
             models[name] = labkit.build(name, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE, seed=0)
-        d, p = diagnose(models[name], b, launch, context=int(os.environ.get('NB01_CONTEXT', 128)), steps=5, rounds=3, graph=False)
+        d, p = diagnose(models[name], b, launch, context=int(os.environ.get('NB01_CONTEXT', 128)), steps=5, rounds=3, graph=False, twin_rounds=2)
         try:
             graph_experiment(d, models[name])
         except Exception:
