@@ -175,14 +175,22 @@ def busy_fraction(spans, bin_us: float, end_us: float | None = None) -> list[flo
     return bins
 
 
-def step_timeline(spans, ax, strip_ax, title: str = "", bins: int = 100):
+def step_timeline(spans, ax, strip_ax, title: str = "", bins: int = 100, zoom_ax=None, zoom_us: float = 300.0):
     """One step's kernels at their true widths (a 2 µs kernel in a 14 ms step is a hairline), and
-    under them the fraction of each time bin in which the GPU ran a kernel."""
+    under them the fraction of each time bin in which the GPU ran a kernel. With ``zoom_ax``, the
+    first ``zoom_us`` µs of the step again, wide enough to see single kernels and the gaps between."""
     rows = [_span_fields(s) for s in spans]
     end = max((st + d for _, st, d in rows), default=1.0)
     for fam in sorted({f for f, _, _ in rows}):
         bars = [(st, d) for f, st, d in rows if f == fam]
         ax.broken_barh(bars, (0, 1), color=COLORS.get(fam, "#bdc3c7"), linewidth=0, label=fam, rasterized=True)
+        if zoom_ax is not None:
+            zoom_ax.broken_barh([(st, d) for st, d in bars if st < zoom_us], (0, 1), color=COLORS.get(fam, "#bdc3c7"),
+                                linewidth=0)
+    if zoom_ax is not None:
+        zoom_ax.set_xlim(0, zoom_us)
+        zoom_ax.set_yticks([])
+        zoom_ax.set_xlabel(f"µs: the step's first {zoom_us:,.0f} µs, enlarged", fontsize=8)
     ax.set_xlim(0, end)
     ax.set_yticks([])
     ax.set_title(title, fontsize=9)
