@@ -125,6 +125,9 @@ class Diagnosis:
     profiled_runs_ms: list = field(default_factory=list)
     family_ms: dict = field(default_factory=dict)  # device ms per op family (CPU ms on a CPU)
     timeline: list = field(default_factory=list)  # one step: [family, start µs, duration µs] per kernel
+    fresh_step_ms: float | None = None  # a step at a length the process never ran, no profiler
+    fresh_gap_ms: float | None = None  # the longest gap between kernels of a profiled fresh step
+    fresh_gap_kernel: str | None = None  # the kernel after that gap
 
     @property
     def profiler_overhead(self) -> float:
@@ -181,7 +184,7 @@ def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int
     result on this device."""
     prof = profile_decode(model, "reference", batch, context, steps, rounds=rounds)
     twin_model = build(trivial_twin(model.cfg), dtype=model.dtype, device=model.device)
-    twin = profile_decode(twin_model, "reference", batch, context, steps, rounds=twin_rounds or rounds)
+    twin = profile_decode(twin_model, "reference", batch, context, steps, rounds=twin_rounds or rounds, fresh_steps=0)
     cuda = model.device.type == "cuda"
     split, split_error = None, None
     if cuda:
@@ -199,6 +202,7 @@ def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int
         tensor_core_share=prof.tensor_core_share, bench_runs_ms=prof.bench_runs_ms,
         profiled_runs_ms=prof.profiled_runs_ms, family_ms=prof.family_ms,
         timeline=[[s.family, round(s.start_us, 3), round(s.dur_us, 3)] for s in prof.timeline],
+        fresh_step_ms=prof.fresh_step_ms, fresh_gap_ms=prof.fresh_gap_ms, fresh_gap_kernel=prof.fresh_gap_kernel,
     )
     if prof.timeline:
         d.kernel_median_us = statistics.median(s.dur_us for s in prof.timeline)

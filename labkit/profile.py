@@ -24,6 +24,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
@@ -77,6 +78,9 @@ class StepProfile:
     bench_runs_ms: list[float] = field(default_factory=list)  # per step, one per round, no profiler
     profiled_runs_ms: list[float] = field(default_factory=list)  # per step, one per round, profiled
     launch_api_us: float | None = None  # mean cudaLaunchKernel call as the profiler saw it (inflated by it)
+    fresh_step_ms: float | None = None  # a step at a length never run before in this process, no profiler
+    fresh_gap_ms: float | None = None  # the longest gap between kernels in the profiled fresh steps
+    fresh_gap_kernel: str | None = None  # the kernel that waited for it
 
     @property
     def profiler_overhead(self) -> float | None:
@@ -272,53 +276,83 @@ def profile_decode(
     steps: int = 5,
     warmup: int = 3,
     rounds: int = 3,
+    fresh_steps: int = 2,
 ) -> StepProfile:
     """Profile greedy decode steps after a ``context``-token prefill, interleaved with the same steps
     unprofiled, in one run.
 
-    Each of ``rounds`` rounds times ``steps`` back-to-back steps without the profiler (as a decode
-    loop issues them: the host queues step n+1 while the GPU runs step n), then ``steps`` more under
-    the profiler, with the module scopes it needs. ``step_ms`` is the median unprofiled step,
+    Every round starts again from the same prompt (prefill and ``warmup`` steps, not timed), so all
+    rounds run the same ``steps`` positions, as a benchmark's repeated runs do; one unmeasured round
+    first. Each of ``rounds`` rounds then times the steps back to back without the profiler (as a
+    decode loop issues them: the host queues step n+1 while the GPU runs step n), and once more
+    under the profiler, with the module scopes it needs. ``step_ms`` is the median unprofiled step,
     ``profiled_step_ms`` the median profiled one: their ratio is the profiler's own overhead. The
     kernels of the last round are attributed.
+
+    Then ``fresh_steps`` steps at positions the process has never run (``fresh_step_ms``) and as
+    many profiled further on: a step at a new length can cost more on the host (a library building
+    and caching a plan for a new shape); the longest gap between two kernels of those profiled steps
+    and the kernel after it are kept (``fresh_gap_ms``, ``fresh_gap_kernel``).
     """
-    if steps < 1 or rounds < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1, rounds >= 1, warmup >= 0; got {steps}, {rounds}, {warmup}")
+    if steps < 1 or rounds < 1 or warmup < 0 or fresh_steps < 0:
+        raise ValueError(f"need steps >= 1, rounds >= 1, warmup >= 0, fresh_steps >= 0; "
+                         f"got {steps}, {rounds}, {warmup}, {fresh_steps}")
     cuda = model.device.type == "cuda"
-    cache = model.new_cache(batch, context + warmup + 2 * rounds * steps + 1)
+    cache = model.new_cache(batch, context + warmup + steps + 2 * fresh_steps + 1)
     decoder = make_decoder(backend, model, cache)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
-    token = decoder.prefill(ids.to(model.device)).argmax(-1)
-    for _ in range(warmup):
-        token = decoder.step(token).argmax(-1)
-    last = {"token": token}
+    ids = ids.to(model.device)
+    last: dict = {}
 
-    def run() -> None:
-        for _ in range(steps):
+    def start() -> None:
+        cache.reset()
+        last["token"] = decoder.prefill(ids).argmax(-1)
+        for _ in range(warmup):
             last["token"] = decoder.step(last["token"]).argmax(-1)
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    bench, profiled, prof = [], [], None
-    for _ in range(rounds):
-        bench.append(measure(run, device=model.device, graph=False, warmup=0, repeats=1).ms / steps)
+    def run(n: int = steps) -> None:
+        for _ in range(n):
+            last["token"] = decoder.step(last["token"]).argmax(-1)
+
+    def profiled_run(n: int) -> tuple[Any, float]:
         with _module_scopes(model), _profiling(activities) as prof:
             _sync(model.device)
             t0 = time.perf_counter()
-            for _ in range(steps):
+            for _ in range(n):
                 with record_function("labkit::step"):
                     logits = decoder.step(last["token"])
                     with record_function("labkit::sampling"):
                         last["token"] = logits.argmax(-1)
             _sync(model.device)
-            profiled.append((time.perf_counter() - t0) * 1e3 / steps)
+        return prof, (time.perf_counter() - t0) * 1e3 / n
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    start()
+    run()  # every position of the rounds runs once before anything is timed
+    bench, profiled, prof = [], [], None
+    for _ in range(rounds):
+        bench.append(measure(run, device=model.device, graph=False, warmup=0, repeats=1, setup=start).ms / steps)
+        start()
+        prof, ms = profiled_run(steps)
+        profiled.append(ms)
     events = prof.events()
+
     result = StepProfile(
         model=model.cfg.name, backend=backend, batch=batch, context=context,
         device=model.device.type, step_ms=statistics.median(bench), kernels_per_step=None, busy_ms=None,
         bytes_per_step=step_cost(model.cfg, batch, context, model.dtype.itemsize).bytes,
         profiled_step_ms=statistics.median(profiled), bench_runs_ms=bench, profiled_runs_ms=profiled,
     )
+    if fresh_steps:  # continue past every position run so far
+        result.fresh_step_ms = measure(lambda: run(fresh_steps), device=model.device, graph=False, warmup=0,
+                                       repeats=1).ms / fresh_steps
+        if cuda:
+            fresh_prof, _ = profiled_run(fresh_steps)
+            kernels = sorted((e for e in fresh_prof.events() if _is_kernel(e)), key=lambda e: e.time_range.start)
+            gaps = [(b.time_range.start - a.time_range.end, b.name) for a, b in zip(kernels, kernels[1:])]
+            if gaps:
+                widest = max(gaps)
+                result.fresh_gap_ms, result.fresh_gap_kernel = widest[0] / 1e3, widest[1][:120]
     family_ms = dict.fromkeys(FAMILIES, 0.0)
     if cuda:
         _attribute_kernels(events, steps, family_ms, result)

@@ -78,3 +78,15 @@ def test_busy_fraction_covers_overlaps_once_and_splits_across_bins():
     assert busy_fraction(spans, 10.0, end_us=40.0) == pytest.approx([0.7, 0.3, 0.0, 0.0])
     with pytest.raises(ValueError, match="bin_us"):
         busy_fraction(spans, 0.0)
+
+
+def test_profile_decode_times_repeated_positions_and_a_fresh_step():
+    from labkit.profile import profile_decode
+
+    model = labkit.build("tiny-lfm2", dtype=torch.float32)
+    p = profile_decode(model, batch=1, context=5, steps=2, warmup=1, rounds=2, fresh_steps=1)
+    assert len(p.bench_runs_ms) == len(p.profiled_runs_ms) == 2
+    assert p.step_ms > 0 and p.profiled_step_ms > 0 and p.fresh_step_ms > 0
+    assert p.profiler_overhead == p.profiled_step_ms / p.step_ms
+    with pytest.raises(ValueError, match="fresh_steps >= 0"):
+        profile_decode(model, steps=1, fresh_steps=-1)
