@@ -374,4 +374,102 @@ def prefill_vs_length(rows, ax=None, title: str = ""):
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", lw=0.3)
     ax.legend(fontsize=7)
+
+
+def _span_fields(s):
+    """(family, start µs, duration µs) of a KernelSpan or of a committed [family, start, duration] row."""
+    return (s.family, s.start_us, s.dur_us) if hasattr(s, "family") else tuple(s)
+
+
+def busy_fraction(spans, bin_us: float, end_us: float | None = None) -> list[float]:
+    """Fraction of each ``bin_us`` bin (from 0 to ``end_us``) covered by at least one kernel."""
+    import math  # (kept local: this module's header is shared with other notebooks' helpers)
+
+    if bin_us <= 0:
+        raise ValueError(f"bin_us must be > 0, got {bin_us}")
+    intervals = sorted((st, st + d) for _, st, d in map(_span_fields, spans))
+    end_us = max((e for _, e in intervals), default=0.0) if end_us is None else end_us
+    bins = [0.0] * max(1, math.ceil(end_us / bin_us))
+    merged: list[list[float]] = []
+    for s, e in intervals:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    for s, e in merged:
+        i = int(s // bin_us)
+        while i < len(bins) and i * bin_us < e:
+            lo, hi = max(s, i * bin_us), min(e, (i + 1) * bin_us)
+            bins[i] += max(0.0, hi - lo) / bin_us
+            i += 1
+    return bins
+
+
+def step_timeline(spans, ax, strip_ax, title: str = "", bins: int = 100, zoom_ax=None, zoom_us: float = 300.0):
+    """One step's kernels at their true widths (a 2 µs kernel in a 14 ms step is a hairline), and
+    under them the fraction of each time bin in which the GPU ran a kernel. With ``zoom_ax``, the
+    first ``zoom_us`` µs of the step again, wide enough to see single kernels and the gaps between."""
+    rows = [_span_fields(s) for s in spans]
+    end = max((st + d for _, st, d in rows), default=1.0)
+    for fam in sorted({f for f, _, _ in rows}):
+        bars = [(st, d) for f, st, d in rows if f == fam]
+        ax.broken_barh(bars, (0, 1), color=COLORS.get(fam, "#bdc3c7"), linewidth=0, label=fam, rasterized=True)
+        if zoom_ax is not None:
+            zoom_ax.broken_barh([(st, d) for st, d in bars if st < zoom_us], (0, 1), color=COLORS.get(fam, "#bdc3c7"),
+                                linewidth=0)
+    if zoom_ax is not None:
+        zoom_ax.set_xlim(0, zoom_us)
+        zoom_ax.set_yticks([])
+        zoom_ax.set_xlabel(f"µs: the step's first {zoom_us:,.0f} µs, enlarged", fontsize=8)
+    ax.set_xlim(0, end)
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.005, 0.5), frameon=False)
+    width = end / bins
+    frac = busy_fraction(rows, width, end)
+    strip_ax.bar([i * width for i in range(len(frac))], [100 * f for f in frac], width=width, align="edge",
+                 color="#34495e")
+    strip_ax.set_xlim(0, end)
+    strip_ax.set_ylim(0, 100)
+    strip_ax.set_ylabel("GPU busy\n% of bin", fontsize=7)
+    strip_ax.set_xlabel(f"µs since the step's first kernel (bins of {width:,.0f} µs)")
+    return ax
+
+
+def time_split_bars(rows, ax=None, title: str = ""):
+    """Stacked horizontal bars, one per (label, TimeSplit): GPU busy, launching, Python (ms, linear)."""
+    ax = ax or plt.gca()
+    colors = ["#2e86c1", "#f39c12", "#95a5a6"]
+    labels = [r[0] for r in rows][::-1]
+    splits = [r[1] for r in rows][::-1]
+    left = [0.0] * len(rows)
+    for j, part in enumerate(splits[0].parts()):
+        widths = [list(s.parts().values())[j] for s in splits]
+        ax.barh(labels, widths, left=left, color=colors[j], label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    for y, s in enumerate(splits):
+        ax.text(s.step_ms, y, f" {s.step_ms:.2f} ms", va="center", fontsize=7)
+    ax.set_xlim(0, 1.18 * max(s.step_ms for s in splits))
+    ax.set_xlabel("ms per decode step (measured without the profiler)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45 * 4 / (len(rows) + 3)), ncol=3, frameon=False)
+    return ax
+
+
+def roofline_share(rows, ax=None, title: str = ""):
+    """Horizontal bars of tokens/s as % of the roofline (linear, 0-100%): rows of
+    (label, tokens/s, roofline tokens/s, source), source "measured here" or a committed file's name."""
+    ax = ax or plt.gca()
+    labels = [r[0] for r in rows][::-1]
+    pct = [100 * r[1] / r[2] for r in rows][::-1]
+    here = [r[3] == "measured here" for r in rows][::-1]
+    ax.barh(labels, pct, color=["#2e86c1" if h else "#aab7b8" for h in here])
+    for y, (p, r) in enumerate(zip(pct, rows[::-1])):
+        ax.text(p, y, f" {r[1]:,.0f} of {r[2]:,.0f} tok/s ({p:.1f}%)" + ("" if r[3] == "measured here" else f", {r[3]}"),
+                va="center", fontsize=7)
+    ax.set_xlim(0, 100)
+    ax.axvline(100, color="black", lw=0.8)
+    ax.set_xlabel("% of the roofline (bytes a step must move / measured copy bandwidth)")
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
     return ax
