@@ -311,7 +311,7 @@ class FusedDecoder:
         self.graph, self.pdl = graph, pdl
         self.plan: StepPlan | None = None
         self._graphs: dict[bool, Any] = {}
-        self._continuations: dict[tuple, tuple] = {}  # (lengths, shape) -> (ids, graph, logits holder)
+        self._continuations: dict[tuple, PrefillGraph] = {}  # (lengths, shape) -> its captured prefill
         self._weights: tuple | None = None
         self.captures = 0  # how many times the graphs were (re)captured
         # fused+graph: the prefill of a fresh cache is captured per prompt length too (PrefillGraph)
@@ -551,17 +551,16 @@ class FusedDecoder:
         return entry.out["logits"][:, -1]
 
     def _capture_prefill(self, input_ids: torch.Tensor) -> "PrefillGraph":
-        """Warm up (kernels compile) and capture the prefill of ``input_ids``' shape into this fresh
-        cache. The warm-up writes the cache: its states and lengths are put back after it, and the
-        host lengths never move (``run`` puts them back)."""
+        """Warm up (kernels compile) and capture the prefill of ``input_ids``' shape into this cache
+        as it stands (fresh, or holding a restored prefix). The warm-up writes the cache: its states
+        and device lengths are put back after it, and the host lengths never move (``run`` puts them
+        back: the caller advances them after each replay)."""
         cache, model, device = self.cache, self.model, self.model.device
         ids = input_ids.clone()
         out: dict[str, torch.Tensor] = {}
         cores = self.prefill_cores()
 
         def run() -> None:
-            # the forward advances the device lengths (captured) and their host mirror (not
-            # captured: the caller advances it after each replay), so the mirror is put back
             host = list(cache.host_lengths)
             out["logits"] = model.forward_checked(ids, cache, last_only=True, cores=cores)
             cache._host_lengths = host
@@ -592,38 +591,15 @@ class FusedDecoder:
         key = (cache.host_lengths, tuple(input_ids.shape))
         entry = self._continuations.pop(key, None)
         if entry is None:
-            entry = self._capture_continuation(input_ids)
+            entry = self._capture_prefill(input_ids)
+            self.captures += 1
         self._continuations[key] = entry  # most recently used last
         while len(self._continuations) > self.CONTINUATIONS:
             self._continuations.pop(next(iter(self._continuations)))
-        static_ids, graph, out = entry
-        static_ids.copy_(input_ids)
-        graph.replay()
+        entry.ids.copy_(input_ids)
+        entry.graph.replay()
         cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
-        return out[0][:, -1]
-
-    def _capture_continuation(self, input_ids: torch.Tensor) -> tuple:
-        cache, device = self.cache, self.model.device
-        static_ids, out = input_ids.clone(), [None]
-        cores = self.prefill_cores()
-
-        def run() -> None:
-            out[0] = self.model.forward_checked(static_ids, cache, last_only=True, cores=cores)
-
-        states = [*cache.conv_states.values(), *cache.recurrent_states.values(), cache.lengths]
-        saved, host = [s.clone() for s in states], list(cache.host_lengths)
-
-        def put_back() -> None:
-            for s, copy in zip(states, saved):
-                s.copy_(copy)
-            cache._host_lengths = list(host)
-
-        GRAPHS.warm_up(run, device)
-        put_back()
-        graph = GRAPHS.capture(run, device)
-        put_back()  # capturing ran the host side of cache.advance
-        self.captures += 1
-        return static_ids, graph, out
+        return entry.out["logits"][:, -1]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -76,3 +76,18 @@ class RecordingGraphs:
     def capture(self, step, device):
         self.captures += 1
         return RecordedStep(step, self)
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """labkit.fused.GRAPHS replaced by the recording stand-in, for this test."""
+    from labkit import fused
+
+    stand_in = RecordingGraphs()
+    monkeypatch.setattr(fused, "GRAPHS", stand_in)
+    return stand_in
+
+
+def random_prompt(model, batch, length, seed=0):
+    """Token ids [batch, length] drawn from the model's vocabulary, reproducibly."""
+    return torch.randint(0, model.cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))

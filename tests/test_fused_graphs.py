@@ -13,28 +13,17 @@ import torch
 from torch import nn
 
 import labkit
-from conftest import RecordingGraphs, rel_err
+from conftest import random_prompt, rel_err
 from labkit import fused
 from labkit.backends import make_decoder, release_pooled
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
 
 
-@pytest.fixture
-def graphs(monkeypatch):
-    stand_in = RecordingGraphs()
-    monkeypatch.setattr(fused, "GRAPHS", stand_in)
-    return stand_in
-
-
-def _prompt(model, batch, length, seed=0):
-    return torch.randint(0, model.cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("preset,batch", [("tiny-lfm2", 3), ("tiny-qwen3.5", 1)])  # interpreted GDN is slow
 def test_replayed_steps_match_eager_and_reference(preset, batch, graphs):
     model = labkit.build(preset, dtype=torch.float32, seed=3)
-    prompt = _prompt(model, batch, 5)
+    prompt = random_prompt(model, batch, 5)
     ref = make_decoder("reference", model, model.new_cache(batch, max_len=12))
     eager = make_decoder("fused", model, model.new_cache(batch, max_len=12))
     graph = make_decoder("fused+graph", model, model.new_cache(batch, max_len=12))
@@ -69,7 +58,7 @@ def test_replayed_steps_match_eager_and_reference(preset, batch, graphs):
 
 def test_generate_captures_once_for_calls_of_the_same_shape(graphs):
     model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=1)
-    prompt = _prompt(model, 2, 5)
+    prompt = random_prompt(model, 2, 5)
     want = labkit.generate(model, prompt, 4).tokens
     first = labkit.generate(model, prompt, 4, backend="fused+graph")
     again = labkit.generate(model, prompt, 4, backend="fused+graph")
@@ -83,7 +72,7 @@ def test_generate_captures_once_for_calls_of_the_same_shape(graphs):
     assert again.wall_tokens_per_s == pytest.approx(again.tokens.numel() / wall)
     # a longer prompt in the same cache bucket shares the step graphs (its prefill runs eagerly, seen
     # once); another batch size does not
-    longer = _prompt(model, 2, 9, seed=1)
+    longer = random_prompt(model, 2, 9, seed=1)
     assert torch.equal(labkit.generate(model, longer, 3, backend="fused+graph").tokens,
                        labkit.generate(model, longer, 3).tokens)
     assert graphs.captures == 3
@@ -106,7 +95,7 @@ def _modify_in_place(model):
 @pytest.mark.parametrize("modify", [_modify_by_replacing, _modify_in_place], ids=["replaced", "in-place"])
 def test_changed_weights_are_recaptured(modify, graphs):
     model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=2)
-    prompt = _prompt(model, 2, 5)
+    prompt = random_prompt(model, 2, 5)
     before = labkit.generate(model, prompt, 4, backend="fused+graph").tokens
     assert torch.equal(before, labkit.generate(model, prompt, 4).tokens)
     assert graphs.captures == 2
@@ -120,7 +109,7 @@ def test_changed_weights_are_recaptured(modify, graphs):
 
 def test_a_decoder_kept_with_a_cache_checks_the_weights_at_prefill(graphs):
     model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=2)
-    prompt = _prompt(model, 1, 5)
+    prompt = random_prompt(model, 1, 5)
     cache = model.new_cache(1, max_len=12)
     decoder = make_decoder("fused+graph", model, cache)
     _modify_by_replacing(model)
@@ -136,7 +125,7 @@ def test_a_decoder_kept_with_a_cache_checks_the_weights_at_prefill(graphs):
 
 def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
     model = labkit.build("tiny-lfm2", dtype=torch.bfloat16, seed=0)
-    prompt = _prompt(model, 1, 4)
+    prompt = random_prompt(model, 1, 4)
     cache = model.new_cache(1, max_len=8)
     labkit.generate(model, prompt, 2, backend="fused+graph")  # pooled
     labkit.generate(model, prompt, 2, backend="fused+graph", cache=cache)  # kept with the caller's cache
@@ -158,7 +147,7 @@ def test_prefill_graphs_per_length_match_the_eager_prefill(graphs, monkeypatch):
     eager = make_decoder("fused", model, model.new_cache(2, max_len=16))
     graph = make_decoder("fused+graph", model, model.new_cache(2, max_len=16))
     for length in (5, 7, 5, 3, 7, 3, 5):
-        prompt = _prompt(model, 2, length, seed=length)
+        prompt = random_prompt(model, 2, length, seed=length)
         eager.cache.reset()
         graph.cache.reset()
         want = eager.prefill(prompt)
@@ -170,6 +159,6 @@ def test_prefill_graphs_per_length_match_the_eager_prefill(graphs, monkeypatch):
     # captured at their second time: 5, 7, then 3 (dropping 5, the least recently used), then 5 (dropping 7)
     assert graph.prefill_captures == 4 and list(graph._prefill_graphs) == [3, 5]
     captures = graphs.captures
-    more = _prompt(model, 2, 2, seed=9)
+    more = random_prompt(model, 2, 2, seed=9)
     eager_more, graph_more = eager.prefill(more), graph.prefill(more)  # continues: eager, no capture
     assert graphs.captures == captures and rel_err(graph_more, eager_more) < 1e-6

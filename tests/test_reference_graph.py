@@ -1,33 +1,20 @@
 """The "reference+graph" rung (labkit.reference_graph): the reference decode step captured in a CUDA
-graph. On a CPU, labkit.fused.GRAPHS is replaced by the recording stand-in of test_fused_graphs
+graph. On a CPU, labkit.fused.GRAPHS is replaced by the recording stand-in of conftest
 (capture records the step without running it, replay re-runs it), so capture and replay run here."""
 
 import pytest
 import torch
-from test_fused_graphs import RecordingGraphs
 
 import labkit
-from conftest import rel_err
-from labkit import fused
+from conftest import random_prompt, rel_err
 from labkit.backends import make_decoder
 import labkit.reference_graph  # noqa: F401  (registers the backend)
-
-
-@pytest.fixture
-def graphs(monkeypatch):
-    stand_in = RecordingGraphs()
-    monkeypatch.setattr(fused, "GRAPHS", stand_in)
-    return stand_in
-
-
-def _prompt(model, batch, length, seed=0):
-    return torch.randint(0, model.cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("preset,batch", [("tiny-lfm2", 3), ("tiny-qwen3.5", 1)])
 def test_replayed_reference_matches_eager(preset, batch, graphs):
     model = labkit.build(preset, dtype=torch.float32, seed=5)
-    prompt = _prompt(model, batch, 5)
+    prompt = random_prompt(model, batch, 5)
     eager = make_decoder("reference", model, model.new_cache(batch, max_len=13))
     cache = model.new_cache(batch, max_len=13)  # a buffer longer than the sequences: masked keys
     replayed = make_decoder("reference+graph", model, cache)
@@ -59,7 +46,7 @@ def test_graph_needs_a_gpu_without_the_stand_in():
 
 def test_changed_weights_are_recaptured(graphs):
     model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=1)
-    prompt = _prompt(model, 1, 4)
+    prompt = random_prompt(model, 1, 4)
     dec = make_decoder("reference+graph", model, model.new_cache(1, 12))
     dec.prefill(prompt)
     dec.step(torch.tensor([3]))
