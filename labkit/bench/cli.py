@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,chain,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["chain"]:  # the step's projections chained in one graph: its own options
+        from .chain import main as chain_main
+
+        return chain_main(argv[1:])
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
         from ..notebooks import cpu_environment

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .launch import (
     device_function,
@@ -124,6 +124,9 @@ def _attention_decode_kernel(
     kvh = pid % NKV
     G: tl.constexpr = NH // NKV
     if USE_PDL:
+        # Release the next kernel at once: it waits for this whole grid before reading what it
+        # writes, and meanwhile can put its own weights in flight on SMs this grid leaves idle.
+        gdc_launch_dependents()
         gdc_wait()
     pos = tl.load(lengths_ptr + b)
     c0 = split * CHUNK

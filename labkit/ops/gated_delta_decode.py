@@ -119,6 +119,9 @@ def _gdn_decode_kernel(
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
 
     if USE_PDL:
+        # Release the next kernel at once (it waits for this whole grid before reading our
+        # outputs) so that it can put its weights in flight on the SMs this grid leaves idle.
+        gdc_launch_dependents()
         gdc_wait()
     row = proj_ptr + b * P
     conv_state = conv_state_ptr + b * (KW - 1) * C
@@ -154,8 +157,6 @@ def _gdn_decode_kernel(
     o = tl.sum(S * q[:, None], axis=0)  # [BLOCK_V]
     tl.debug_barrier()  # in place: all reads of the old slice come first
     tl.store(s_ptrs, S, mask=s_mask)
-    if USE_PDL:
-        gdc_launch_dependents()
 
     z_row = row + 2 * NK * DK + NV * DV + hv * DV
     out_row = out_ptr + b * NV * DV + hv * DV
