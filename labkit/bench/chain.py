@@ -347,18 +347,23 @@ def run_chain(model: HybridLM, batch: int, gemv: str = "linear", *, pdl: bool = 
     if per_group:
         for key, group in groups(ops, batch).items():
             nb = sum(o.case.nbytes for o in group)
-            sub = Chain(model, group, batch, gemv, pdl=pdl, configs=configs, placement=placement,
-                        copies=copies_for(nb, model.device))
-            us = sub.time_ms(repeats) * 1e3 / len(sub.bound)
+            try:
+                sub = Chain(model, group, batch, gemv, pdl=pdl, configs=configs, placement=placement,
+                            copies=copies_for(nb, model.device))
+                us = sub.time_ms(repeats) * 1e3 / len(sub.bound)
+            except Exception as e:  # noqa: BLE001 - recorded beside the group
+                res.groups.append({"key": key._asdict(), "error": f"{type(e).__name__}: {e}"[:300]})
+                continue
             res.groups.append({"key": key._asdict(), "ops": sorted({o.case.name for o in group}),
                                "kernels": len(group), "bytes_per_kernel": nb / len(group), "us_per_kernel": us,
                                "config": repr(chain.configs.get(group[0].name))})
-        if len({round(g["bytes_per_kernel"]) for g in res.groups}) >= 2:
+        timed = [g for g in res.groups if "us_per_kernel" in g]
+        if len({round(g["bytes_per_kernel"]) for g in timed}) >= 2:
             try:
-                f = fit_per_kernel([g["bytes_per_kernel"] for g in res.groups], [g["us_per_kernel"] for g in res.groups],
-                                   [g["kernels"] for g in res.groups])
+                f = fit_per_kernel([g["bytes_per_kernel"] for g in timed], [g["us_per_kernel"] for g in timed],
+                                   [g["kernels"] for g in timed])
                 res.fit = {"t0_us": f.t0_us, "tb_per_s": f.bytes_per_s / 1e12, "r2": f.r2,
-                           "sum_of_groups_ms": sum(g["us_per_kernel"] * g["kernels"] for g in res.groups) / 1e3}
+                           "sum_of_groups_ms": sum(g["us_per_kernel"] * g["kernels"] for g in timed) / 1e3}
             except ValueError as e:
                 res.fit = {"error": str(e)}
     fit = "" if not res.fit or "t0_us" not in res.fit else \

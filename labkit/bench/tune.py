@@ -178,7 +178,8 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
 
 def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=None, out_dir: Path = tuning.TUNING_DIR,
               time_limit_s: float | None = None, max_candidates: int | None = None, repeats: int = 10,
-              command: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, list[dict]]:
+              command: str | None = None, device: str = "cuda", gpu_name: str | None = None,
+              log: Callable[[str], None] = print) -> tuple[Path, list[dict]]:
     """Tune every key of ``models``' chained steps (LM head included) at ``batches`` inside the
     chain (:func:`labkit.bench.chain.sweep_key`), keeping the table's current configuration and the
     heuristic's among the candidates (first), and write them into ``out_dir/<gpu-slug>.json``; the
@@ -190,17 +191,19 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     from .chain import chain_ops, groups, placement_name, sweep_key
 
     placement = placement or PDL_PLACEMENT
-    facts = device_facts("cuda", measure=False)
-    path = tuning.tuning_path(facts.name, out_dir)
+    facts = device_facts(device, measure=False)
+    name = gpu_name or facts.name
+    dtype = torch.bfloat16 if facts.kind == "cuda" else torch.float32  # the CPU interpreter: for tests
+    path = tuning.tuning_path(name, out_dir)
     kept = {tuning.key_from_dict(e["key"], str(path)): e for e in tuning.read_tuning_file(path)["linear"]} \
         if path.exists() else {}
     old_doc = tuning.read_tuning_file(path) if path.exists() else {}
     notes = [n for n in old_doc.get("notes", [METHOD_NOTE]) if n != CHAIN_NOTE] + [CHAIN_NOTE]
-    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": facts.name, "notes": notes, "linear": []}
+    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": notes, "linear": []}
     measured: dict = {}
     share = None if time_limit_s is None else time_limit_s / (len(models) * len(batches))
     for preset in models:
-        model = build(preset, dtype=torch.bfloat16, device="cuda", seed=0)
+        model = build(preset, dtype=dtype, device=device, seed=0)
         ops = chain_ops(model)
         for batch in batches:
             by_key = groups(ops, batch)
@@ -235,7 +238,7 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
                     if found[extra]:
                         entry[extra] = found[extra]
                 keys = [key]
-                if n >= 32768:  # the LM head: its greedy path must sum as its logits path does
+                if group[0].layer < 0:  # the LM head: its greedy path must sum as its logits path does
                     keys.append(tuning_key(batch, n, k, row_blocks=rb, argmax=True))
                 for kk in keys:
                     if kk in measured:  # the same shape in another preset: keep the faster figure's config
@@ -246,7 +249,8 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
                     kept.pop(kk, None)
                 tuning.write_tuning_file(path, doc | {"linear": list(measured.values()) + list(kept.values())})
         del model, ops
-        torch.cuda.empty_cache()
+        if facts.kind == "cuda":
+            torch.cuda.empty_cache()
     return path, list(measured.values())
 
 

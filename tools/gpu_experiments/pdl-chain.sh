@@ -1,0 +1,38 @@
+# Expected run time: about 190 s (warm 48, placements 45, tune 42, final chain 20, decode 35); every step under its own timeout.
+# Round A of branch pdl-chain (issue 14, item 4): PDL placements and per-key blockings inside the chained
+# step (all projections + lm_head, one CUDA graph, weights only), batch 1 and 16, both presets; then
+# decode fused+graph vs fused+graph+pdl with the winners. Every variant is checked against its
+# reference at the real shapes before it is timed (labkit.bench.chain.Chain.check).
+set +e
+RES=${RES:-/tmp/pdl-chain-res}
+mkdir -p "$RES"
+exec > >(tee "$RES/log.txt") 2>&1
+D=tools/gpu_experiments/pdl_chain.py
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+T0=$(date +%s)
+stamp() { echo "== $1 at +$(( $(date +%s) - T0 )) s"; }
+
+stamp "warm: compile every variant in 14 processes (Triton's disk cache)"
+for i in $(seq 0 13); do
+  timeout 48 python3 $D --warm $i/14 > "$RES/warm-$i.log" 2>&1 &
+done
+wait
+tail -n 2 "$RES"/warm-*.log | grep -v '^$' | head -40
+
+stamp "placements: every GEMV / PDL placement over the whole chain (checked, then timed)"
+timeout 45 python3 $D --stage placements --res "$RES"
+BEST=$(timeout 10 python3 $D --stage best --res "$RES" | tail -n 1)
+BEST=${BEST:-preload+early}
+echo "best batch-1 placement: $BEST"
+
+stamp "tune: per-key blockings inside the chain, PDL with $BEST"
+timeout 42 python3 $D --stage tune --res "$RES" --placement "$BEST" --time-limit-s 32
+cp "$RES/tuning/nvidia-h200.json" data/tuning/nvidia-h200.json && echo "tuned table installed for the next steps"
+
+stamp "final chain with the tuned table"
+timeout 20 python3 $D --stage final --res "$RES" --placement "$BEST" --tag tuned
+
+stamp "decode: fused+graph vs fused+graph+pdl ($BEST, and the old preload+end), tuned table"
+timeout 35 python3 $D --stage decode --res "$RES" --placement "$BEST,preload+end" --batches 1 16
+stamp "done"
