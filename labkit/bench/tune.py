@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import random
 import shlex
 import time
 from pathlib import Path
@@ -59,6 +60,17 @@ def candidates(m: int, n: int, k: int, row_blocks: int, sms: int) -> list:
                  for sk in (1, 2, 4, 8) for nw in (4, 8)
                  if k % (bk * sk) == 0 and math.ceil(n / bn) * sk >= 64 and bn * bk * row_blocks <= 16384]
     return found
+
+
+def head_candidates(m: int, n: int, k: int) -> list:
+    """Blockings for the LM head: tiles of at least 8 rows, since its greedy path reduces one
+    (max, argmax) per tile afterwards (tall tiles keep that reduction short)."""
+    from ..ops.linear import LinearConfig
+
+    if m > 1:
+        return [c for c in candidates(m, n, k, 1, 1) if c.block_n >= 16]
+    return [LinearConfig(1, bn, bk, 1, nw, 1) for bn in (8, 16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
+            if bk <= max(256, k) and 8 <= bn * bk / (32 * nw) <= 64]
 
 
 def _time_us(model: HybridLM, case: LinearCase, batch: int, config) -> float:
@@ -176,6 +188,23 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
               "key's configuration, so that both paths sum in the same order.")
 
 
+def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: int | None = None) -> tuple[list, object, object]:
+    """(candidates, current, heuristic) for one key of the chain: the configuration the table gives
+    now first, then the heuristic's, then :func:`candidates` (:func:`head_candidates` for the LM head)
+    in a fixed shuffled order."""
+    from ..ops.launch import num_sms
+    from ..ops.linear import linear_config
+
+    case = group[0].case
+    n, k, rb = case.outputs, case.weight.shape[1], case.row_blocks
+    current = tuning.linear_config(batch, n, k, row_blocks=rb, device=model.device)
+    heuristic = linear_config(batch, n, k, row_blocks=rb)
+    more = candidates(batch, n, k, rb, num_sms()) if group[0].layer >= 0 else head_candidates(batch, n, k)
+    random.Random(0).shuffle(more)  # a cut list (max_candidates, a deadline) still spans every block shape
+    tried = list(dict.fromkeys([current, heuristic, *more]))
+    return (tried[:max_candidates] if max_candidates else tried), current, heuristic
+
+
 def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=None, out_dir: Path = tuning.TUNING_DIR,
               time_limit_s: float | None = None, max_candidates: int | None = None, repeats: int = 10,
               command: str | None = None, device: str = "cuda", gpu_name: str | None = None,
@@ -185,9 +214,7 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     heuristic's among the candidates (first), and write them into ``out_dir/<gpu-slug>.json``; the
     time limit is shared evenly by (model, batch), and within it by key."""
     from ..hw import device_facts
-    from ..ops.launch import num_sms
-    from ..ops.linear import linear_config, tuning_key
-    from ..ops.linear import PDL_PLACEMENT
+    from ..ops.linear import PDL_PLACEMENT, tuning_key
     from .chain import chain_ops, groups, placement_name, sweep_key
 
     placement = placement or PDL_PLACEMENT
@@ -198,7 +225,8 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     kept = {tuning.key_from_dict(e["key"], str(path)): e for e in tuning.read_tuning_file(path)["linear"]} \
         if path.exists() else {}
     old_doc = tuning.read_tuning_file(path) if path.exists() else {}
-    notes = [n for n in old_doc.get("notes", [METHOD_NOTE]) if n != CHAIN_NOTE] + [CHAIN_NOTE]
+    notes = [n for n in old_doc.get("notes", [METHOD_NOTE])
+             if n != CHAIN_NOTE and not (any(b > 1 for b in batches) and "no entries yet" in n)] + [CHAIN_NOTE]
     doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": notes, "linear": []}
     measured: dict = {}
     share = None if time_limit_s is None else time_limit_s / (len(models) * len(batches))
@@ -209,12 +237,7 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
             by_key = groups(ops, batch)
             t_mb = time.perf_counter()
             for i, (key, group) in enumerate(by_key.items()):
-                case = group[0].case
-                n, k, rb = case.outputs, case.weight.shape[1], case.row_blocks
-                current = tuning.linear_config(batch, n, k, row_blocks=rb, device=model.device)
-                heuristic = linear_config(batch, n, k, row_blocks=rb)
-                tried = [current] + [c for c in [heuristic, *candidates(batch, n, k, rb, num_sms())] if c != current]
-                tried = list(dict.fromkeys(tried))[:max_candidates] if max_candidates else list(dict.fromkeys(tried))
+                tried, current, heuristic = chain_candidates(model, group, batch, max_candidates)
                 deadline = None if share is None else t_mb + share * (i + 1) / len(by_key)
                 found = sweep_key(model, group, batch, tried, pdl=pdl, placement=placement, repeats=repeats,
                                   deadline=deadline, log=log)
@@ -239,7 +262,7 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
                         entry[extra] = found[extra]
                 keys = [key]
                 if group[0].layer < 0:  # the LM head: its greedy path must sum as its logits path does
-                    keys.append(tuning_key(batch, n, k, row_blocks=rb, argmax=True))
+                    keys.append(key._replace(argmax=True))
                 for kk in keys:
                     if kk in measured:  # the same shape in another preset: keep the faster figure's config
                         if measured[kk]["us"]["tuned"] <= best_us:

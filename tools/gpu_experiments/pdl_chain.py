@@ -55,17 +55,9 @@ def variants(batch: int) -> list[tuple[str, bool, str | None]]:
     return out + [("cublas", False, None)]
 
 
-def tune_jobs(model, batch, placement):
-    from labkit.ops.launch import num_sms
-
-    ops = ch.chain_ops(model)
-    for key, group in ch.groups(ops, batch).items():
-        c = group[0].case
-        n, k, rb = c.outputs, c.weight.shape[1], c.row_blocks
-        current = tuning.linear_config(batch, n, k, row_blocks=rb, device=model.device)
-        heur = lin.linear_config(batch, n, k, row_blocks=rb)
-        tried = [current] + [x for x in [heur, *tn.candidates(batch, n, k, rb, num_sms())] if x != current]
-        for cfg in list(dict.fromkeys(tried))[:MAX_CAND]:
+def tune_jobs(model, batch):
+    for key, group in ch.groups(ch.chain_ops(model), batch).items():
+        for cfg in tn.chain_candidates(model, group, batch, MAX_CAND)[0]:
             yield key, group, cfg
 
 
@@ -102,7 +94,7 @@ def warm(shard: int, shards: int) -> None:
                 except Exception as e:  # noqa: BLE001
                     print(f"warm {name} B={batch} {gemv} {pdl} {pl}: {type(e).__name__}: {e}"[:300])
             for pdl in (True,):
-                for key, group, cfg in tune_jobs(model, batch, None):
+                for key, group, cfg in tune_jobs(model, batch):
                     i += 1
                     if i % shards != shard:
                         continue
