@@ -373,6 +373,45 @@ def run_chain(model: HybridLM, batch: int, gemv: str = "linear", *, pdl: bool = 
     return res
 
 
+# -- a measured timeline ----------------------------------------------------------------------------------
+def timeline(model: HybridLM, ops: Sequence[ChainOp], *, pdl: bool, replays: int = 5) -> list[dict]:
+    """Per kernel of a plain-GEMV chain over ``ops`` (batch 1, replayed from one graph): when its
+    first and last programs started, passed the wait and ended, in microseconds from the first
+    kernel's first start (the GPU's global timer, read by every program). With PDL, a kernel's
+    programs start before the previous kernel ends; the wait is where they stand still."""
+    from ..ops.plain_gemv import plain_gemv
+
+    dev = model.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    runs = []
+    for op in ops:
+        w = op.case.weight
+        x = torch.randn(1, w.shape[1], dtype=w.dtype, device=dev, generator=gen)
+        out = torch.empty(1, w.shape[0], dtype=w.dtype, device=dev)
+        block_k = min(1024, 1 << (w.shape[1] - 1).bit_length())
+        stamps = torch.zeros(-(-w.shape[0] // 4), 3, dtype=torch.int64, device=dev)
+        runs.append((op, stamps, lambda x=x, w=w, out=out, s=stamps, bk=block_k:
+                     plain_gemv(x, w, out=out, block_n=4, block_k=bk, pdl=pdl, stamps=s)))
+    for _, _, call in runs:  # compile outside the capture
+        call()
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _, _, call in runs:
+            call()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize(dev)
+    t0 = min(int(s[:, 0].min()) for _, s, _ in runs)
+    rows = []
+    for op, s, _ in runs:
+        s = (s.double() - t0) / 1e3
+        rows.append({"op": op.name, "bytes": op.case.nbytes, "programs": s.shape[0],
+                     "first_start_us": s[:, 0].min().item(), "last_start_us": s[:, 0].max().item(),
+                     "first_past_wait_us": s[:, 1].min().item(), "last_end_us": s[:, 2].max().item()})
+    return rows
+
+
 # -- tuning inside the chain -------------------------------------------------------------------------------
 def sweep_key(model: HybridLM, ops: Sequence[ChainOp], batch: int, candidates: Sequence, *, pdl: bool, placement=None,
               repeats: int = 10, deadline: float | None = None, log: Callable[[str], None] = print) -> dict:

@@ -27,11 +27,20 @@ STYLES = ("pointer", "descriptor")
 
 
 @triton.jit
-def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, N, K,
+def _globaltimer():
+    """The GPU's global nanosecond timer (PTX %globaltimer; coarse, but one clock for all SMs)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, stamps_ptr, N, K,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DESCRIPTOR: tl.constexpr,
                        NUM_STAGES: tl.constexpr, OUT_DTYPE: tl.constexpr, USE_PDL: tl.constexpr,
-                       DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """y[n] = sum_k W[n, k] x[k] for the BLOCK_N rows n of this program (float32 accumulation)."""
+                       STAMPS: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """y[n] = sum_k W[n, k] x[k] for the BLOCK_N rows n of this program (float32 accumulation).
+    STAMPS: also write (start, after the wait, end) global-timer nanoseconds per program."""
+    if STAMPS:
+        t_start = _globaltimer()
     n0 = tl.program_id(0) * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -45,6 +54,8 @@ def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, N, K,
     if USE_PDL:
         gdc_launch_dependents()
         gdc_wait()
+    if STAMPS:
+        t_wait = _globaltimer()
     xv = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     lanes = w_first.to(tl.float32) * xv[None, :]
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=NUM_STAGES):
@@ -56,12 +67,20 @@ def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, N, K,
         xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         lanes += wt.to(tl.float32) * xv[None, :]
     tl.store(y_ptr + offs_n, tl.sum(lanes, axis=1).to(OUT_DTYPE), mask=n_mask)
+    if STAMPS:
+        t_end = _globaltimer()
+        base = stamps_ptr + tl.program_id(0) * 3
+        tl.store(base, t_start)
+        tl.store(base + 1, t_wait)
+        tl.store(base + 2, t_end)
 
 
 def plain_gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None, block_n: int = 4,
                block_k: int = 1024, style: str = "pointer", num_warps: int = 4, num_stages: int = 1,
-               pdl: bool = False) -> torch.Tensor:
-    """``x @ weight^T`` for x [1, K], weight [N, K] (see the module docstring)."""
+               pdl: bool = False, stamps: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight^T`` for x [1, K], weight [N, K] (see the module docstring). ``stamps``: an int64
+    [cdiv(N, block_n), 3] tensor that gets each program's (start, after the wait, end) in global-timer
+    nanoseconds, for a measured timeline of overlapping kernels (GPU only)."""
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     check_tensor("weight", weight, dtype=FLOAT_DTYPES)
@@ -76,6 +95,11 @@ def plain_gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | Non
         out = torch.empty(1, n, dtype=weight.dtype, device=weight.device)
     check_tensor("out", out, dtype=weight.dtype, shape=(1, n))
     check_devices(x=x, weight=weight, out=out)
+    if stamps is not None:
+        if weight.device.type != "cuda":
+            raise ValueError("stamps read the GPU's global timer: they need a CUDA device")
+        check_tensor("stamps", stamps, dtype=torch.int64, shape=(cdiv(n, block_n), 3))
+        check_devices(x=x, stamps=stamps)
     desc = None
     if style == "descriptor":
         if block_n > 256 or block_k > 256:
@@ -87,8 +111,8 @@ def plain_gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | Non
 
         desc = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     _plain_gemv_kernel[(cdiv(n, block_n),)](
-        x, weight, desc, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k, DESCRIPTOR=desc is not None,
-        NUM_STAGES=num_stages, OUT_DTYPE=TORCH_TO_TL[weight.dtype], USE_PDL=bool(pdl),
+        x, weight, desc, out, stamps, n, k, BLOCK_N=block_n, BLOCK_K=block_k, DESCRIPTOR=desc is not None,
+        NUM_STAGES=num_stages, OUT_DTYPE=TORCH_TO_TL[weight.dtype], USE_PDL=bool(pdl), STAMPS=stamps is not None,
         **interpreter_flags(weight.dtype), num_warps=num_warps, launch_pdl=bool(pdl),
     )
     return out

@@ -1,4 +1,4 @@
-# Expected run time: about 190 s (warm 48, placements 45, tune 42, final chain 20, decode 35); every step under its own timeout.
+# Expected run time: about 195 s (warm 46, placements 45, timeline 12, tune 38, final chain 18, decode 32); every step under its own timeout.
 # Round A of branch pdl-chain (issue 14, item 4): PDL placements and per-key blockings inside the chained
 # step (all projections + lm_head, one CUDA graph, weights only), batch 1 and 16, both presets; then
 # decode fused+graph vs fused+graph+pdl with the winners. Every variant is checked against its
@@ -15,24 +15,26 @@ stamp() { echo "== $1 at +$(( $(date +%s) - T0 )) s"; }
 
 stamp "warm: compile every variant in 14 processes (Triton's disk cache)"
 for i in $(seq 0 13); do
-  timeout 48 python3 $D --warm $i/14 > "$RES/warm-$i.log" 2>&1 &
+  timeout 46 python3 $D --warm $i/14 > "$RES/warm-$i.log" 2>&1 &
 done
 wait
 tail -n 2 "$RES"/warm-*.log | grep -v '^$' | head -40
 
 stamp "placements: every GEMV / PDL placement over the whole chain (checked, then timed)"
 timeout 45 python3 $D --stage placements --res "$RES"
-BEST=$(timeout 10 python3 $D --stage best --res "$RES" | tail -n 1)
+stamp "timeline: global-timer stamps per program, plain GEMV chain of LFM2 layers 0-2, PDL off/on"
+timeout 12 python3 $D --stage timeline --res "$RES"
+BEST=$(timeout 8 python3 $D --stage best --res "$RES" | tail -n 1)
 BEST=${BEST:-preload+early}
 echo "best batch-1 placement: $BEST"
 
 stamp "tune: per-key blockings inside the chain, PDL with $BEST"
-timeout 42 python3 $D --stage tune --res "$RES" --placement "$BEST" --time-limit-s 32
+timeout 38 python3 $D --stage tune --res "$RES" --placement "$BEST" --time-limit-s 28
 cp "$RES/tuning/nvidia-h200.json" data/tuning/nvidia-h200.json && echo "tuned table installed for the next steps"
 
 stamp "final chain with the tuned table"
-timeout 20 python3 $D --stage final --res "$RES" --placement "$BEST" --tag tuned
+timeout 18 python3 $D --stage final --res "$RES" --placement "$BEST" --tag tuned
 
 stamp "decode: fused+graph vs fused+graph+pdl ($BEST, and the old preload+end), tuned table"
-timeout 35 python3 $D --stage decode --res "$RES" --placement "$BEST,preload+end" --batches 1 16
+timeout 32 python3 $D --stage decode --res "$RES" --placement "$BEST,preload+end" --batches 1 16
 stamp "done"
