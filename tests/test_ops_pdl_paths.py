@@ -93,6 +93,8 @@ def test_plain_gemv_rejects_bad_input():
         plain_mod.plain_gemv(x, w, style="tma")
     with pytest.raises(ValueError, match="power of two"):
         plain_mod.plain_gemv(x, w, block_n=3)
+    with pytest.raises(ValueError, match="CUDA"):
+        plain_mod.plain_gemv(x, w, stamps=torch.zeros(2, 3, dtype=torch.int64))
 
 
 def test_mixers(stub_gdc):

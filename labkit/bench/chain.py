@@ -11,7 +11,9 @@ that runs each matrix is pluggable (:data:`GEMVS`, :func:`register_gemv`): any c
   residual / SwiGLU / short-conv epilogue, the tuned configuration of this GPU), PDL on or off;
 - ``"plain"`` / ``"plain-tma"``: :func:`labkit.ops.plain_gemv.plain_gemv` over the stacked weight,
   pointer loads or TMA tensor descriptors, no fusions (batch 1 only);
-- ``"cublas"``: ``torch.mm`` over the stacked weight, no fusions.
+- ``"cublas"``: ``torch.mm`` over the stacked weight, no fusions;
+- ``"torch"``: the fused function unfused (:func:`labkit.ops.linear.linear_ref`: norm, cuBLAS
+  matmul, epilogue, each a kernel), the alternative a dispatch to cuBLAS would run.
 
 Outputs: the chain's total time and bytes / time; per group of kernels that share a tuning key
 (:func:`labkit.ops.linear.tuning_key`), the time per kernel measured as a sub-chain of just that
@@ -151,11 +153,19 @@ def _cublas(x, weight, *, out=None, **_):
     return torch.mm(x, weight.t(), out=out)
 
 
+def _torch(x, weight, *, out=None, residual=None, short_conv=None, pdl=False, **common):
+    """The same function unfused: separate norm, cuBLAS matmul, separate epilogue (each its own kernel)."""
+    from ..ops.linear import linear_ref
+
+    return out.copy_(linear_ref(x, weight, residual=residual, short_conv=short_conv, **common))
+
+
 GEMVS: dict[str, Gemv] = {
     "linear": Gemv(_linear, fused=True, configs=True),
     "plain": Gemv(_plain("pointer"), fused=False, batch1=True),
     "plain-tma": Gemv(_plain("descriptor"), fused=False, batch1=True),
     "cublas": Gemv(_cublas, fused=False),
+    "torch": Gemv(_torch, fused=True),
 }
 
 

@@ -52,7 +52,7 @@ def variants(batch: int) -> list[tuple[str, bool, str | None]]:
     if batch == 1:
         out += [("plain", False, None), ("plain", True, None), ("plain-tma", False, None), ("plain-tma", True, None),
                 ("tma-16x256s4", True, None), ("tma-64x128s4", True, None)]
-    return out + [("cublas", False, None)]
+    return out + [("cublas", False, None)] + ([("torch", False, None)] if batch > 1 else [])
 
 
 def tune_jobs(model, batch):
@@ -126,7 +126,7 @@ def stage_placements(res: Path, groups_for: set) -> None:
         model = build(name, dtype=DTYPE, device=DEVICE, seed=0)
         for batch in (1, 16):
             for gemv, pdl, pl in variants(batch):
-                per_group = (gemv, pdl, pl) in groups_for or gemv in ("plain", "cublas")
+                per_group = (gemv, pdl, pl) in groups_for or gemv in ("plain", "cublas", "torch")
                 r = ch.run_chain(model, batch, gemv, pdl=pdl, placement=pl and ch.parse_placement(pl),
                                  per_group=per_group)
                 rows.append(dataclasses.asdict(r) | {"placement_arg": pl})
