@@ -17,7 +17,9 @@ step can be captured in one ``torch.cuda.CUDAGraph`` and replayed per token:
 - ``"fused+graph"``: the same launches captured once, replayed per token (CUDA only);
 - ``"fused+graph+pdl"``: as above, each kernel launched with programmatic dependent launch, so it
   is scheduled while its predecessor drains and waits (``griddepcontrol.wait``) only before touching
-  that predecessor's output. Hopper or newer; experimental: ``tools/gpu_fused_check.py`` checks it.
+  that predecessor's output. The projections put their first weight tile in flight before the wait
+  and release their own successor at once (:data:`labkit.ops.linear.PDL_PLACEMENT`, chosen by
+  measuring the placements in the chained step, ``python -m labkit bench chain``). Hopper or newer.
 
 A decoder lives with its cache (``cache.attachments``), and ``generate`` keeps caches per model
 (see :func:`labkit.backends.pooled_decoder`), so graphs are captured once and replayed by later

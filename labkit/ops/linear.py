@@ -26,6 +26,14 @@ to arrive (an atomic counter) sums the partials in a fixed order and runs the ep
 result is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
 parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 programs per SM,
 split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits).
+With programmatic dependent launch (``pdl=True``, Hopper+) the kernel may start while the
+previous one still runs: its weights depend on nothing that kernel writes, so the first K tile of
+each program (all of it when ``k_per_split <= BLOCK_K``) is loaded before ``gdc_wait``, and the
+next kernel is released (``gdc_launch_dependents``) at once: its own wait orders it after this
+whole grid, so an early release is always safe, and it lets the next kernel's programs take the
+SMs this grid's tail leaves idle. Releasing only after the K loop, as the first version did, left
+almost nothing to overlap and still paid for PDL (:class:`PdlPlacement`; the placements are
+measured in the chained step by ``python -m labkit bench chain``).
 Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
 measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
 would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
