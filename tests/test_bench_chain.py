@@ -113,3 +113,10 @@ def test_tuning_inside_the_chain_writes_the_fastest_checked_config(monkeypatch, 
     heads = [e for e in entries if "lm_head+norm" in " ".join(e["ops"])]
     assert {e["key"]["argmax"] for e in heads} == {False, True}
     assert entries[0]["pdl"] == "preload+early"
+
+
+def test_the_cli_says_it_needs_a_gpu(capsys):
+    from labkit.bench.cli import main
+
+    assert main(["chain", "--models", "tiny-lfm2"]) == 2
+    assert "CUDA" in capsys.readouterr().out

@@ -463,7 +463,8 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["lfm2-350m", "qwen3.5-0.8b"])
     p.add_argument("--batch", nargs="+", type=int, default=[1, 16])
-    p.add_argument("--gemvs", nargs="+", default=["linear", "linear+pdl", "plain", "plain+pdl", "cublas"],
+    p.add_argument("--gemvs", nargs="+",
+                   default=["linear", "linear+pdl", "plain", "plain+pdl", "plain-tma", "plain-tma+pdl", "cublas", "torch"],
                    help=f"GEMVs ({', '.join(GEMVS)}), '+pdl' for programmatic dependent launch")
     p.add_argument("--placements", nargs="+", default=[None], type=parse_placement,
                    help="PDL placements of labkit.ops.linear to run (default: the code's own)")
