@@ -91,6 +91,8 @@ def test_tuning_inside_the_chain_writes_the_fastest_checked_config(monkeypatch, 
     fake = {}
 
     def time_ms(self, repeats=20):
+        if self.gemv == "torch":  # the unfused path: faster than any blocking at batch 16 here
+            return 0.5 * len(self.bound) / 1e3
         cfg = next(iter(self.configs.values()))
         fake[cfg] = 1.0 if cfg.block_n == 8 else 2.0
         return fake[cfg] * len(self.bound) / 1e3
@@ -101,16 +103,24 @@ def test_tuning_inside_the_chain_writes_the_fastest_checked_config(monkeypatch, 
         monkeypatch.setattr(linear_mod, name, lambda: None)
     monkeypatch.setattr(ch.Chain, "time_ms", time_ms)
     monkeypatch.setattr(ch, "copies_for", lambda nbytes, device: 1)
-    monkeypatch.setattr(tn, "candidates", lambda m, n, k, rb, sms: [LinearConfig(1, 8, 32), LinearConfig(1, 2, 64)])
+    monkeypatch.setattr(tn, "candidates", lambda m, n, k, rb, sms: [LinearConfig(1 if m == 1 else 16, 8 if m == 1 else 16, 32),
+                                                                    LinearConfig(1 if m == 1 else 16, 2 if m == 1 else 32, 64)])
+    monkeypatch.setattr(tn, "head_candidates", lambda m, n, k: tn.candidates(m, n, k, 1, 1))
     monkeypatch.setattr(tn.tuning, "linear_config",
-                        lambda m, n, k, row_blocks=1, argmax=False, device=None: LinearConfig(1, 4, 32))
-    path, entries = tn.run_chain(["tiny-lfm2"], [1], pdl=True, placement=PdlPlacement(True, "early"), out_dir=tmp_path,
+                        lambda m, n, k, row_blocks=1, argmax=False, device=None: LinearConfig(1 if m == 1 else 16,
+                                                                                               4 if m == 1 else 64, 32))
+    path, entries = tn.run_chain(["tiny-lfm2"], [1, 16], pdl=True, placement=PdlPlacement(True, "early"), out_dir=tmp_path,
                                  device="cpu", gpu_name="Test GPU", command="test", log=lambda s: None)
     doc = json.loads(path.read_text())
     assert doc["gpu"] == "Test GPU" and tn.CHAIN_NOTE in doc["notes"]
-    assert entries and all(e["config"]["block_n"] == 8 and e["method"] == "chain" for e in entries)
-    assert all(e["us"]["previous"] == 2.0 and e["us"]["tuned"] == 1.0 for e in entries)
-    heads = [e for e in entries if "lm_head+norm" in " ".join(e["ops"])]
+    one = [e for e in entries if e["key"]["m_bucket"] == 1]
+    assert one and all(e["config"]["block_n"] == 8 and e["method"] == "chain" and "impl" not in e for e in one)
+    assert all(e["us"]["previous"] == 2.0 and e["us"]["tuned"] == 1.0 for e in one)
+    sixteen = [e for e in entries if e["key"]["m_bucket"] == 16]
+    assert sixteen and all(e.get("impl") == "torch" and e["us"]["torch"] == 0.5 for e in sixteen if not e["key"]["argmax"]
+                           and "lm_head+norm" not in " ".join(e["ops"]))
+    assert all("impl" not in e for e in sixteen if "lm_head+norm" in " ".join(e["ops"]))
+    heads = [e for e in one if "lm_head+norm" in " ".join(e["ops"])]
     assert {e["key"]["argmax"] for e in heads} == {False, True}
     assert entries[0]["pdl"] == "preload+early"
 

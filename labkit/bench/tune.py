@@ -185,7 +185,9 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
               "candidate checked against linear_ref, then timed as the sub-chain of every projection sharing its key, "
               "back to back in one CUDA graph with weight copies past L2, launched as the step launches them "
               "(pdl/placement as recorded); 'us' is per kernel. The LM head's greedy key (argmax) gets the logits "
-              "key's configuration, so that both paths sum in the same order.")
+              "key's configuration, so that both paths sum in the same order. At batch >= 16, 'us.torch' is the same "
+              "sub-chain run unfused (norm, cuBLAS matmul, epilogue); 'impl': 'torch' where that beat the best "
+              "blocking by more than 3%, and the fused backend then runs it so (labkit.fused).")
 
 
 def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: int | None = None) -> tuple[list, object, object]:
@@ -203,6 +205,20 @@ def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: i
     random.Random(0).shuffle(more)  # a cut list (max_candidates, a deadline) still spans every block shape
     tried = list(dict.fromkeys([current, heuristic, *more]))
     return (tried[:max_candidates] if max_candidates else tried), current, heuristic
+
+
+DISPATCH_MARGIN = 0.03  # the unfused path must win by more than run-to-run noise
+
+
+def time_unfused(model: HybridLM, group: list, batch: int, repeats: int = 10) -> float | None:
+    """Microseconds per kernel of ``group``'s sub-chain run unfused (labkit.bench.chain's "torch"
+    GEMV), checked first; None if its check fails."""
+    from .chain import BOUND, Chain, copies_for
+
+    sub = Chain(model, group, batch, "torch", copies=copies_for(sum(o.case.nbytes for o in group), model.device))
+    if not max(sub.check(every_layer=False).values()) <= BOUND[model.dtype]:
+        return None
+    return sub.time_ms(repeats) * 1e3 / len(sub.bound)
 
 
 def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=None, out_dir: Path = tuning.TUNING_DIR,
@@ -255,6 +271,13 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
                     "candidates": len(timed), "method": "chain", "pdl": placement_name(placement) if pdl else None,
                     "date": _dt.date.today().isoformat(), "source": doc["command"],
                 }
+                if batch > 1 and group[0].layer >= 0:  # the measured dispatch: unfused cuBLAS, if it wins
+                    torch_us = time_unfused(model, group, batch, repeats)
+                    if torch_us is not None:
+                        entry["us"]["torch"] = round(torch_us, 3)
+                        if torch_us < best_us * (1 - DISPATCH_MARGIN):
+                            entry["impl"] = "torch"
+                            log(f"    -> dispatched to torch (norm + cuBLAS + epilogue): {torch_us:7.2f} us")
                 if entry["us"]["heuristic"] != entry["us"]["heuristic"]:  # not reached: no figure
                     del entry["us"]["heuristic"]
                 for extra in ("rejected", "skipped"):
