@@ -52,7 +52,7 @@ def test_chain_ops_cover_every_projection_in_step_order():
 
 
 @pytest.mark.parametrize("gemv,batch", [("linear", 1), ("linear", 3), ("plain", 1), ("plain-tma", 1), ("cublas", 3),
-                                        ("torch", 3)])
+                                        ("torch", 3), ("step", 3)])
 def test_every_gemv_matches_its_reference_in_the_chain(gemv, batch):
     model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=0)
     chain = ch.Chain(model, ch.chain_ops(model), batch, gemv, pdl=False)

@@ -12,6 +12,8 @@ that runs each matrix is pluggable (:data:`GEMVS`, :func:`register_gemv`): any c
 - ``"plain"`` / ``"plain-tma"``: :func:`labkit.ops.plain_gemv.plain_gemv` over the stacked weight,
   pointer loads or TMA tensor descriptors, no fusions (batch 1 only);
 - ``"cublas"``: ``torch.mm`` over the stacked weight, no fusions;
+- ``"step"``: as the fused step runs each projection: ``"linear"``, or ``"torch"`` at the keys
+  the tuning file dispatches to it (batch >= 16);
 - ``"torch"``: the fused function unfused (:func:`labkit.ops.linear.linear_ref`: norm, cuBLAS
   matmul, epilogue, each a kernel), the alternative a dispatch to cuBLAS would run.
 
@@ -160,12 +162,28 @@ def _torch(x, weight, *, out=None, residual=None, short_conv=None, pdl=False, **
     return out.copy_(linear_ref(x, weight, residual=residual, short_conv=short_conv, **common))
 
 
+def _step(x, weight, *, swiglu=False, short_conv=None, **kwargs):
+    """What the fused step runs: labkit's kernel, or the unfused path at keys the tuning file
+    dispatches to it (:func:`labkit.tuning.linear_impl`)."""
+    from .. import tuning
+
+    row_blocks = 2 if swiglu else 3 if short_conv is not None else 1
+    impl = tuning.linear_impl(x.shape[0], weight.shape[0] // row_blocks, weight.shape[1], row_blocks=row_blocks,
+                              device=x.device)
+    if impl == "torch":
+        for name in ("config", "workspace", "placement"):
+            kwargs.pop(name, None)
+        return _torch(x, weight, swiglu=swiglu, short_conv=short_conv, **kwargs)
+    return _linear(x, weight, swiglu=swiglu, short_conv=short_conv, **kwargs)
+
+
 GEMVS: dict[str, Gemv] = {
     "linear": Gemv(_linear, fused=True, configs=True),
     "plain": Gemv(_plain("pointer"), fused=False, batch1=True),
     "plain-tma": Gemv(_plain("descriptor"), fused=False, batch1=True),
     "cublas": Gemv(_cublas, fused=False),
     "torch": Gemv(_torch, fused=True),
+    "step": Gemv(_step, fused=True, configs=True),
 }
 
 

@@ -165,8 +165,8 @@ def stage_final(res: Path, tag: str, placement: str) -> None:
     for name in MODELS:
         model = build(name, dtype=DTYPE, device=DEVICE, seed=0)
         for batch in (1, 16):
-            for pdl in (False, True):
-                r = ch.run_chain(model, batch, "linear", pdl=pdl, placement=ch.parse_placement(placement))
+            for gemv, pdl in [("linear", False), ("linear", True)] + ([("step", True)] if batch > 1 else []):
+                r = ch.run_chain(model, batch, gemv, pdl=pdl, placement=ch.parse_placement(placement))
                 rows.append(dataclasses.asdict(r))
                 dump(res, f"final-{tag}", rows)
         del model
