@@ -81,6 +81,18 @@ ch.register_gemv("tma-64x128s4", _tma(64, 128, 4, 8), fused=False, batch1=True)
 def warm(shard: int, shards: int) -> None:
     i = -1
     t0 = time.perf_counter()
+    if 1 <= shard <= 4 and not DRY:  # the decode step's own kernels (mixers, greedy head, prefill)
+        from labkit.bench.decode import time_decode
+
+        name, batch = [(m, b) for m in MODELS for b in (1, 16)][shard - 1]
+        try:
+            model = build(name, dtype=DTYPE, device=DEVICE, seed=0)
+            for impl in ("fused+graph", "fused+graph+pdl"):
+                r = time_decode(model, impl, batch, prompt=32, new_tokens=4, repeats=1)
+                print(f"warm decode {name} B={batch} {impl}: {r.tokens_per_s} {r.error or ''}")
+            del model
+        except Exception as e:  # noqa: BLE001
+            print(f"warm decode: {type(e).__name__}: {e}"[:300])
     if shard == 0 and not DRY:  # the timeline's stamped kernels
         try:
             model = build(MODELS[0], dtype=DTYPE, device=DEVICE, seed=0)
