@@ -25,7 +25,7 @@ timeout 45 python3 $D --stage placements --res "$RES"
 stamp "timeline: global-timer stamps per program, plain GEMV chain of LFM2 layers 0-2, PDL off/on"
 timeout 12 python3 $D --stage timeline --res "$RES"
 BEST=$(timeout 8 python3 $D --stage best --res "$RES" | tail -n 1)
-BEST=${BEST:-preload+early}
+case "$BEST" in preload+*|no-preload+*) ;; *) BEST=preload+early ;; esac  # a failed step prints no placement
 echo "best batch-1 placement: $BEST"
 
 stamp "tune: per-key blockings inside the chain, PDL with $BEST"
