@@ -14,10 +14,12 @@ T0=$(date +%s)
 stamp() { echo "== $1 at +$(( $(date +%s) - T0 )) s"; }
 
 stamp "warm: compile every variant in 14 processes (Triton's disk cache)"
+PIDS=""
 for i in $(seq 0 13); do
   timeout 46 python3 $D --warm $i/14 > "$RES/warm-$i.log" 2>&1 &
+  PIDS="$PIDS $!"
 done
-wait
+wait $PIDS  # these only: a bare wait would also wait for the tee above, which never ends
 tail -n 2 "$RES"/warm-*.log | grep -v '^$' | head -40
 
 stamp "placements: every GEMV / PDL placement over the whole chain (checked, then timed)"
