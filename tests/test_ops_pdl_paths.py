@@ -97,7 +97,10 @@ def test_plain_gemv_rejects_bad_input():
         plain_mod.plain_gemv(x, w, stamps=torch.zeros(2, 3, dtype=torch.int64))
 
 
-def test_mixers(stub_gdc):
+@pytest.mark.parametrize("early", [False, True])
+def test_mixers(stub_gdc, monkeypatch, early):
+    for mod in (gdn_mod, attn_mod):  # where the mixers release their successor changes no result
+        monkeypatch.setattr(mod, "PDL_RELEASE_EARLY", early)
     g = torch.Generator().manual_seed(1)
     proj, state, weight = torch.randn(2, 3 * 40, generator=g), torch.randn(2, 2, 40, generator=g), torch.randn(40, 3, generator=g)
     s2 = state.clone()

@@ -28,12 +28,12 @@ parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 
 split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits).
 With programmatic dependent launch (``pdl=True``, Hopper+) the kernel may start while the
 previous one still runs: its weights depend on nothing that kernel writes, so the first K tile of
-each program (all of it when ``k_per_split <= BLOCK_K``) is loaded before ``gdc_wait``, and the
-next kernel is released (``gdc_launch_dependents``) at once: its own wait orders it after this
-whole grid, so an early release is always safe, and it lets the next kernel's programs take the
-SMs this grid's tail leaves idle. Releasing only after the K loop, as the first version did, left
-almost nothing to overlap and still paid for PDL (:class:`PdlPlacement`; the placements are
-measured in the chained step by ``python -m labkit bench chain``).
+each program (all of it when ``k_per_split <= BLOCK_K``) can be loaded before ``gdc_wait``, and the
+next kernel can be released (``gdc_launch_dependents``) at once, after the wait, or after the K loop
+(:class:`PdlPlacement`). Any release point is safe: the next kernel's own wait orders it after this
+whole grid. The default, :data:`PDL_PLACEMENT`, is the placement this kernel has had since PDL came in
+(preload, release after the K loop); the others are there to be measured in the chained step
+(``python -m labkit bench chain --placements ...``) before one of them becomes the default.
 Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
 measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
 would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
@@ -310,8 +310,7 @@ class PdlPlacement:
     """Where a PDL launch of the kernel puts its two calls: ``preload`` the first K tile of weights
     before ``gdc_wait`` (GEMV loop only: the tl.dot loop is software-pipelined and the wait stays
     outside it); ``release`` the dependents (``gdc_launch_dependents``) ``"early"`` (first thing),
-    ``"after_wait"``, or at the ``"end"`` of the K loop. Without PDL, ``preload`` still peels the
-    first tile's load ahead of the norm prologue."""
+    ``"after_wait"``, or at the ``"end"`` of the K loop. Without PDL it has no effect."""
 
     preload: bool = True
     release: str = "early"
@@ -321,8 +320,9 @@ class PdlPlacement:
             raise ValueError(f"PdlPlacement.release must be one of {sorted(RELEASES)}, got {self.release!r}")
 
 
-# The placement the step uses (measured in the chained step: labkit.bench.chain, data/bench/<gpu>/chain.json).
-PDL_PLACEMENT = PdlPlacement(preload=True, release="early")
+# The placement PDL launches use unless told otherwise: the one this kernel has always had. Which
+# placement is fastest in the chained step is measured by labkit.bench.chain (not yet on a GPU).
+PDL_PLACEMENT = PdlPlacement(preload=True, release="end")
 
 
 @dataclass(frozen=True)
@@ -525,7 +525,7 @@ def launch_linear(
     placement: PdlPlacement | None = None,
 ) -> torch.Tensor | None:
     """:func:`linear`, plus the greedy-head epilogue (``best_val``/``best_idx`` [M, n_tiles]) and
-    the PDL placement (default :data:`PDL_PLACEMENT`; it also decides the preload without PDL)."""
+    the PDL placement (default :data:`PDL_PLACEMENT`; ignored without ``pdl``)."""
     check_tensor("weight", weight, dtype=FLOAT_DTYPES)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
@@ -615,7 +615,7 @@ def launch_linear(
         ROW_BLOCKS=row_blocks, KW=kw, NORM=norm_weight is not None, UNIT_OFFSET=bool(norm_unit_offset),
         RESIDUAL=residual is not None, SWIGLU=bool(swiglu), SHORT_CONV=short_conv is not None,
         STORE_OUT=out is not None and store_out,
-        ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=placement.preload,
+        ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
         RELEASE=RELEASES[placement.release], **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )

@@ -45,9 +45,7 @@ PL_B16 = ["preload+end", "preload+early", "preload+after_wait"]
 
 
 def variants(batch: int) -> list[tuple[str, bool, str | None]]:
-    out = [("linear", False, "preload+early")]
-    if batch == 1:
-        out += [("linear", False, "no-preload+early")]
+    out = [("linear", False, "preload+end")]  # without PDL the placement has no effect
     out += [("linear", True, p) for p in (PL_B1 if batch == 1 else PL_B16)]
     if batch == 1:
         out += [("plain", False, None), ("plain", True, None), ("plain-tma", False, None), ("plain-tma", True, None),
@@ -81,15 +79,17 @@ ch.register_gemv("tma-64x128s4", _tma(64, 128, 4, 8), fused=False, batch1=True)
 def warm(shard: int, shards: int) -> None:
     i = -1
     t0 = time.perf_counter()
-    if 1 <= shard <= 4 and not DRY:  # the decode step's own kernels (mixers, greedy head, prefill)
+    jobs = [(m, b) for m in MODELS for b in (1, 16)]
+    if shard < len(jobs) and not DRY:  # the decode step's own kernels (mixers, greedy head, prefill)
         from labkit.bench.decode import time_decode
 
-        name, batch = [(m, b) for m in MODELS for b in (1, 16)][shard - 1]
+        name, batch = jobs[shard]
         try:
             model = build(name, dtype=DTYPE, device=DEVICE, seed=0)
             for impl in ("fused+graph", "fused+graph+pdl"):
                 r = time_decode(model, impl, batch, prompt=32, new_tokens=4, repeats=1)
-                print(f"warm decode {name} B={batch} {impl}: {r.tokens_per_s} {r.error or ''}")
+                # not a measurement: other warm-up processes share the GPU meanwhile
+                print(f"warm decode {name} B={batch} {impl}: compiled{' FAILED ' + r.error if r.error else ''}")
             del model
         except Exception as e:  # noqa: BLE001
             print(f"warm decode: {type(e).__name__}: {e}"[:300])
@@ -198,6 +198,10 @@ def stage_decode(res: Path, placements: list[str], batches: list[int]) -> None:
             for impl, pls in (("fused+graph", placements[:1]), ("fused+graph+pdl", placements)):
                 for pl in pls:
                     lin.PDL_PLACEMENT = ch.parse_placement(pl)
+                    from labkit.ops import attention_decode, gated_delta_decode
+
+                    for mod in (attention_decode, gated_delta_decode):  # the mixers follow the projections
+                        mod.PDL_RELEASE_EARLY = lin.PDL_PLACEMENT.release == "early"
                     release_pooled(model)
                     r = time_decode(model, impl, batch, prompt=32, new_tokens=64, repeats=5)
                     d = dataclasses.asdict(r) | {"placement": pl}
@@ -224,7 +228,8 @@ def main() -> int:
     res = a.res
     res.mkdir(parents=True, exist_ok=True)
     if a.stage == "placements":
-        stage_placements(res, {("linear", False, "preload+early"), ("linear", True, "preload+early")})
+        stage_placements(res, {("linear", False, "preload+end"), ("linear", True, "preload+early"),
+                               ("linear", True, "preload+end")})
     elif a.stage == "timeline":
         stage_timeline(res)
     elif a.stage == "best":
@@ -247,7 +252,12 @@ def main() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except Exception:
         traceback.print_exc()
-        sys.exit(1)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit at once: on the GPU machine (round A, 2026-12-01) warm-up processes printed their last
+    # line and then never exited, which hung the script; nothing is left to clean up here.
+    os._exit(code)
