@@ -6,6 +6,7 @@
 """
 
 from . import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
+from .article_cache import ArticleCache
 from .backends import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save
@@ -19,6 +20,7 @@ from .tokenizer import ByteTokenizer
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArticleCache",
     "BACKENDS",
     "ByteTokenizer",
     "CHECKPOINTS",

@@ -18,6 +18,7 @@ import torch
 
 from .cache import HybridCache
 from .model import HybridLM
+from .ops.mixers import REFERENCE_CORES, MixerCores
 
 
 class Decoder(Protocol):
@@ -34,9 +35,15 @@ class ReferenceDecoder:
     def __init__(self, model: HybridLM, cache: HybridCache) -> None:
         self.model, self.cache = model, cache
 
+    checkpoint_multiple = None  # its delta rule takes no state checkpoints (PrefixCache cuts it at boundaries)
+
+    def prefill_cores(self) -> MixerCores:
+        """The mixer cores its prefill runs (the references); PrefixCache wraps them to read states."""
+        return REFERENCE_CORES
+
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, cache=self.cache, last_only=True)[:, -1]
+        return self.model(input_ids, cache=self.cache, last_only=True, cores=self.prefill_cores())[:, -1]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -115,9 +115,11 @@ class HybridCache:
         increments the device tensor."""
         self._host_lengths = [n + num_tokens for n in self._host_lengths]
 
-    def reset(self) -> None:
-        """Empty the cache for a new batch of prompts, reusing every buffer."""
-        for buf in self.buffers():
+    def reset(self, zero: bool = True) -> None:
+        """Empty the cache for a new batch of prompts, reusing every buffer. ``zero=False`` only sets
+        the lengths to 0, for a caller that overwrites every conv and recurrent state next (a prefix
+        restore): stale keys and values past the lengths are never read, and are overwritten first."""
+        for buf in self.buffers() if zero else [self.lengths]:
             buf.zero_()
         self._host_lengths = [0] * self.batch_size
 
@@ -139,3 +141,23 @@ class HybridCache:
             f"attention={len(self.keys)}, conv={len(self.conv_states) - len(self.recurrent_states)}, "
             f"gdn={len(self.recurrent_states)}, {self.nbytes() / 2**20:.1f} MiB)"
         )
+
+
+LAYER_KINDS = ("attention KV", "conv window", "GDN conv window", "GDN state")
+
+
+def bytes_by_kind(cfg: ModelConfig, batch_size: int, context: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """Bytes of a :class:`HybridCache` of ``context`` tokens for ``batch_size`` sequences, by what holds
+    them (counted from the cache's own buffers, allocated on the meta device: nothing is allocated).
+
+    attention KV grows with context and batch; the conv windows (LFM2's and Gated DeltaNet's) and
+    the Gated DeltaNet state (float32 whatever ``dtype``) grow with the batch only."""
+    cache = HybridCache(cfg, batch_size, context, dtype, "meta")
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    gdn = set(cache.recurrent_states)
+    return {
+        "attention KV": size([*cache.keys.values(), *cache.values.values()]),
+        "conv window": size([s for i, s in cache.conv_states.items() if i not in gdn]),
+        "GDN conv window": size([s for i, s in cache.conv_states.items() if i in gdn]),
+        "GDN state": size(cache.recurrent_states.values()),
+    }

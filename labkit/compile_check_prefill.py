@@ -19,7 +19,7 @@ import time
 
 import torch
 
-SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT")
+SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT", "DEFER_OUTPUTS")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-v", nargs="*", type=int, default=[32])
     parser.add_argument("--warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--stages", nargs="*", type=int, default=[2])
+    parser.add_argument("--prepare", nargs="*", default=["fused", "split"], help="the intra-chunk kernels' forms")
+    parser.add_argument("--prepare-warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
+    parser.add_argument("--defer", nargs="*", type=int, default=[0, 1], help="defer_outputs values (0/1)")
     args = parser.parse_args(argv)
 
     from . import compile_check as cc
@@ -47,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     cu = torch.tensor([0, lengths[0], T], dtype=torch.int32)
     ckpt = torch.empty(cdr.num_checkpoints(lengths, 64), H, K, V)
     failures, t0 = 0, time.time()
-    for block_v, warps, stages, split in itertools.product(args.block_v, args.warps, args.stages, (0, 2)):
-        what = f"block_v={block_v} warps={warps} stages={stages} split={split}"
+    grid = itertools.product(args.block_v, args.warps, args.stages, (0, 2), args.prepare, args.prepare_warps,
+                             args.defer)
+    for block_v, warps, stages, split, prepare, prepare_warps, defer in grid:
+        what = (f"block_v={block_v} warps={warps} stages={stages} split={split} prepare={prepare} "
+                f"prepare_warps={prepare_warps} defer={defer}")
         try:
             cdr.chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, checkpoints=ckpt, checkpoint_every=64,
-                                 split=split, block_v=block_v, num_warps=warps, num_stages=stages)
+                                 split=split, block_v=block_v, num_warps=warps, num_stages=stages,
+                                 prepare=prepare, prepare_warps=prepare_warps, defer_outputs=bool(defer))
             print(f"ok   {what}: {len(cc.COMPILED)} variants so far ({time.time() - t0:.0f} s)")
         except Exception as e:  # noqa: BLE001
             failures += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
@@ -12,6 +12,9 @@ from .backends import make_decoder, pooled_decoder
 from .cache import HybridCache
 from .model import HybridLM
 from .sampling import SamplingParams, sample
+
+if TYPE_CHECKING:
+    from .prefix_cache import PrefixCache
 
 
 @dataclass
@@ -28,6 +31,9 @@ class GenerationResult:
     decode_s: float  # wall time of the decode steps after the first token
     steps: int  # decode steps timed in decode_s
     finished: torch.Tensor  # [B] bool: the sequence produced a stop token
+    # prompt tokens restored from a PrefixCache instead of prefilled (the same for every row); 0
+    # without one, or on a miss
+    prefix_hit: int = 0
 
     @property
     def prefill_s(self) -> float:
@@ -75,6 +81,7 @@ def generate(
     cache: HybridCache | None = None,
     pad_token_id: int | None = None,
     progress: bool | None = None,
+    prefix_cache: "PrefixCache | None" = None,
 ) -> GenerationResult:
     """Generate ``max_new_tokens`` after ``input_ids`` ([B, T] or [T]).
 
@@ -122,7 +129,12 @@ def generate(
 
     _sync(model.device)
     t0 = time.perf_counter()
-    logits = decoder.prefill(input_ids)
+    prefix_hit = 0
+    if prefix_cache is None:
+        logits = decoder.prefill(input_ids)
+    else:
+        pre = prefix_cache.prefill(decoder, input_ids)
+        logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     _sync(model.device)
     ttft_s = time.perf_counter() - t0
@@ -161,4 +173,5 @@ def generate(
         decode_s=decode_s,
         steps=n - 1,
         finished=finished,
+        prefix_hit=prefix_hit,
     )

@@ -33,7 +33,7 @@ from .ops.mixers import (
     MixerCores,
     attention_ref,
     gated_deltanet_ref,
-    short_conv_ref,
+    swiglu_ref,
 )
 from .ops.norm import rms_norm_ref
 from .ops.rope import rope_inv_freq
@@ -46,8 +46,9 @@ class RMSNorm(nn.Module):
         self.unit_offset = unit_offset
         self.weight = nn.Parameter(torch.empty(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_ref(x, self.weight, self.eps, self.unit_offset)
+    def forward(self, x: torch.Tensor, norm=rms_norm_ref) -> torch.Tensor:
+        """``norm``: an implementation of :func:`~labkit.ops.norm.rms_norm_ref` (a core)."""
+        return norm(x, self.weight, self.eps, self.unit_offset)
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}, unit_offset={self.unit_offset}"
@@ -62,9 +63,9 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * width, hidden))
         self.down = nn.Parameter(torch.empty(hidden, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).split(self.width, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+    def forward(self, x: torch.Tensor, activation=swiglu_ref) -> torch.Tensor:
+        """``activation``: an implementation of :func:`~labkit.ops.mixers.swiglu_ref` (a core)."""
+        return F.linear(activation(F.linear(x, self.gate_up)), self.down)
 
 
 def attention_dims(cfg: ModelConfig) -> AttentionDims:
@@ -105,6 +106,7 @@ class Attention(nn.Module):
         out = attention_ref(
             F.linear(x, self.wqkv), self.q_norm.weight, self.k_norm.weight, self.inv_freq, keys, values,
             positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset, attend=cores.attend,
+            norm_rope=cores.norm_rope,
         )
         return F.linear(out, self.wo)
 
@@ -124,7 +126,7 @@ class ShortConv(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
     ) -> torch.Tensor:
         state = None if cache is None else cache.conv_states[self.layer]
-        y, new_state = short_conv_ref(F.linear(x, self.in_proj), state, self.conv_weight)
+        y, new_state = cores.short_conv(F.linear(x, self.in_proj), state, self.conv_weight)
         if cache is not None:
             state.copy_(new_state)
         return F.linear(y, self.out_proj)
@@ -159,7 +161,7 @@ class GatedDeltaNet(nn.Module):
         state = None if cache is None else cache.recurrent_states[self.layer]
         y, new_conv_state, new_state = gated_deltanet_ref(
             F.linear(x, self.in_proj), conv_state, self.conv_weight, self.A_log, self.dt_bias, self.norm_weight,
-            state, self.dims, self.cfg.norm_eps, delta_rule=cores.delta_rule,
+            state, self.dims, self.cfg.norm_eps, cores=cores,
         )
         if cache is not None:
             conv_state.copy_(new_conv_state)
@@ -182,8 +184,8 @@ class Block(nn.Module):
     def forward(
         self, h: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
     ) -> torch.Tensor:
-        h = h + self.mixer(self.mixer_norm(h), positions, cache, cores)
-        return h + self.mlp(self.mlp_norm(h))
+        h = h + self.mixer(self.mixer_norm(h, cores.rms_norm), positions, cache, cores)
+        return h + self.mlp(self.mlp_norm(h, cores.rms_norm), cores.swiglu)
 
 
 class HybridLM(nn.Module):
@@ -235,6 +237,17 @@ class HybridLM(nn.Module):
         ``cores``: the implementations of the mixers' inner cores (default: the references).
         """
         self._check_input(input_ids, cache)
+        return self.forward_checked(input_ids, cache, last_only, cores)
+
+    def forward_checked(
+        self,
+        input_ids: torch.Tensor,
+        cache: HybridCache | None = None,
+        last_only: bool = False,
+        cores: MixerCores = REFERENCE_CORES,
+    ) -> torch.Tensor:
+        """:meth:`forward` for inputs the caller has checked (``_check_input``): nothing here reads
+        back to the host, so a CUDA graph can capture it (the fused prefill's graphs do)."""
         B, T = input_ids.shape
         if cache is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -247,7 +260,7 @@ class HybridLM(nn.Module):
             cache.advance(T)
         if last_only:
             h = h[:, -1:]
-        return F.linear(self.final_norm(h), self.lm_head_weight)
+        return F.linear(self.final_norm(h, cores.rms_norm), self.lm_head_weight)
 
     def _check_input(self, input_ids: torch.Tensor, cache: HybridCache | None) -> None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:

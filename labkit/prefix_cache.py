@@ -12,16 +12,27 @@ Snapshots live in a trie over token blocks (a radix tree whose edges are one blo
 node reached by blocks ``x[0:bs], x[bs:2bs], ..., x[(k-1)bs:k bs]`` holds the state after ``k bs``
 tokens. :meth:`PrefixCache.prefill` finds the longest cached prefix, copies the path's KV blocks and
 the deepest node's conv and recurrent states into the decoder's cache, sets the lengths, and then
-prefills only the rest, block by block through the decoder's own prefill, snapshotting each new
-boundary. Restoring copies stored tensors, so the state it rebuilds is bitwise the state that the
-same block-by-block prefill left; a hit gives the logits of no cache at all up to the float32
-rounding of a block-by-block prefill against a one-shot one (the tests hold it to 1e-5 relative).
+prefills only the rest in one call of the decoder's prefill, reading the state at each block
+boundary inside it (no second pass): the conv windows from the conv's own inputs, the recurrent
+states from the chunk kernel's checkpoints (``checkpoints=`` of
+:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) when the decoder's delta rule is that kernel
+and the block is a multiple of its 64-token chunk, else by calling the delta rule piece by piece
+between boundaries; the KV blocks are sliced from the cache afterwards. A tail shorter than a block
+after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
+captured per (restored length, tail length) (:meth:`labkit.fused.FusedDecoder.prefill_continuation`).
+A decoder without ``prefill_cores`` is run block by block through its own prefill instead.
+Restoring copies stored tensors; a hit gives the logits of no cache at all up to float32 rounding
+(the chunked delta rule restarts its chunks at the restored boundary; the tests hold the
+difference to 1e-5 relative in float32).
 Snapshots are kept on the model's device (``budget_bytes`` counts that memory). Restoring writes
 the cache's buffers in place and advances its lengths, so decoders with captured graphs
 (``fused+graph``) keep replaying them.
 
 Behaviour at the edges, by design:
 
+- snapshots of the recurrent state are float32 like the cache's (1 MiB per Qwen3.5-0.8B GDN layer
+  per snapshot): exactness is the contract, and :mod:`labkit.snapshot_precision` measures what bf16
+  snapshots would cost instead;
 - at most ``(T - 1) // block_size`` blocks of a ``T``-token prompt are restored: the last prompt
   token is always run, since its logits are what the caller needs (and no logits are stored); a
   prompt of at most one block (``T <= block_size``) therefore always misses, and one shorter than a
@@ -33,6 +44,14 @@ Behaviour at the edges, by design:
   leaves are evicted (a node's children need its KV, so only leaves go) by ``policy``; nodes on the
   paths of the prompt being prefilled are pinned. If no leaf can go, the snapshot (and the deeper
   ones of that row in this call) is not stored: results stay exact, only later hits are shorter.
+
+Admission: ``"every"`` (the default) stores the states at every block boundary, so any prefix of
+a cached prompt can be restored. ``"ends"`` (after Marconi, Pan et al. 2024) stores every block's KV
+but the states only at two boundaries per prompt: its deepest one, and its branch point, the deepest
+boundary already in the trie when it arrives (where a prompt sharing the same prefix is likely to
+leave it again). Such a trie is mostly KV, a few times smaller for the same prompts; a restore stops
+only at a node with states, so a prompt whose chain of blocks does not fit the budget (the states
+come last, at its end) leaves nothing to restore.
 
 Policies: ``"lru"`` evicts the least recently used leaf. ``"flops"`` (after Marconi, Pan et al.
 2024: keep what saves most compute per byte) evicts the leaf with the fewest FLOPs saved per byte it
@@ -48,7 +67,8 @@ is refused with a clear error rather than restoring foreign state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -56,8 +76,10 @@ import torch
 from .cache import CacheFullError, HybridCache
 from .fused import weights_key
 from .model import HybridLM
+from .ops.mixers import gdn_inputs_ref, short_conv_ref
 
 POLICIES = ("lru", "flops")
+ADMISSIONS = ("every", "ends")
 
 
 @dataclass(eq=False)
@@ -73,6 +95,12 @@ class _Node:
     recurrent_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> float32 state
     children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
     last_used: int = 0
+    has_states: bool = True  # False: the block's KV only (admission "ends"): a way through, not a hit
+
+    def attach_states(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
+        self.conv_states = {i: s.clone() for i, s in conv.items()}
+        self.recurrent_states = {i: s.clone() for i, s in recurrent.items()}
+        self.has_states = True
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.keys.values(), *self.values.values(), *self.conv_states.values(), *self.recurrent_states.values()]
@@ -98,16 +126,22 @@ class PrefixCache:
     ``.model``, ``.cache`` and ``.prefill``).
     """
 
-    def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru") -> None:
+    def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
+                 admission: str = "every") -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; available: {', '.join(POLICIES)}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission {admission!r}; available: {', '.join(ADMISSIONS)}")
+        self.admission = admission
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self._weights = weights_key(model)
         self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
         self.flops_per_token = 2 * model.num_parameters()
         self.snapshot_bytes = self._snapshot_bytes()
+        probe = HybridCache(self.cfg, 1, 1, self.dtype, "meta")
+        self._states_bytes = sum(t.numel() * t.element_size() for t in [*probe.conv_states.values(), *probe.recurrent_states.values()])
         if budget_bytes < self.snapshot_bytes:
             raise ValueError(
                 f"budget_bytes={budget_bytes} is smaller than one snapshot ({self.snapshot_bytes} bytes for "
@@ -137,13 +171,18 @@ class PrefixCache:
     def _usable_blocks(self, length: int) -> int:
         return (length - 1) // self.block_size  # the last token always runs: its logits are the output
 
+    @staticmethod
+    def _stated_depths(path: list[_Node]) -> set[int]:
+        """Depths (in blocks) along a path where a restore can stop: the nodes that hold states."""
+        return {n.depth for n in path if n.has_states}
+
     def lookup(self, tokens: torch.Tensor | list[int]) -> int:
         """How many tokens of a one-sequence prompt ``prefill`` would restore (a multiple of block_size)."""
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-        return len(self._path(tokens, self._usable_blocks(len(tokens)))) * self.block_size
+        return max(self._stated_depths(self._path(tokens, self._usable_blocks(len(tokens)))), default=0) * self.block_size
 
     def __len__(self) -> int:
-        """Snapshots held."""
+        """Nodes held: snapshots (with admission "ends", also blocks of KV alone)."""
         count, stack = 0, [self.root]
         while stack:
             node = stack.pop()
@@ -203,8 +242,9 @@ class PrefixCache:
         rows = input_ids.tolist()
         usable = self._usable_blocks(T)
         paths = [self._path(row, usable) for row in rows]
-        row_hits = [len(p) * bs for p in paths]
-        hit_blocks = min(len(p) for p in paths)
+        stated = [self._stated_depths(p) for p in paths]
+        row_hits = [max(d, default=0) * bs for d in stated]
+        hit_blocks = max(set.intersection(*stated), default=0)  # a depth where every row can stop
         self._clock += 1
         for path in paths:
             for node in path:
@@ -213,31 +253,62 @@ class PrefixCache:
         restore = [p[:hit_blocks] for p in paths]
         for node in {id(n): n for p in restore for n in p}.values():
             self._check_snapshot(node, cache)  # before the reset: a bad snapshot leaves the cache as it was
-        cache.reset()
+        cache.reset(zero=not hit_blocks)  # a restore overwrites every state: zeroing them first is wasted launches
         if hit_blocks:
             self._restore(cache, restore)
         # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}
-        logits = None
-        pos = hit_blocks * bs
+        start = hit_blocks * bs
+        # which new boundaries get states: all ("every"), or (Marconi's admission, "ends") only the
+        # deepest one of this prompt and its branch point (the deepest one already in the trie, where
+        # the next prompt that shares this prefix is likely to leave it)
+        count = (T - start) // bs
+        if self.admission == "every":
+            admit = [set(range(count)) for _ in paths]
+        else:
+            admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
+        if getattr(decoder, "prefill_cores", None) is None:
+            logits = self._prefill_block_by_block(decoder, cache, input_ids, rows, start, current, pinned, admit)
+        elif start and T - start < bs and hasattr(decoder, "prefill_continuation"):
+            logits = decoder.prefill_continuation(input_ids[:, start:])  # no boundary to read: replayable
+        else:  # one prefill of the rest, the states at its block boundaries read while it runs
+            boundaries = _BoundaryStates(decoder, cache, bs, (T - start) // bs)
+            logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
+            for j in range(boundaries.count):
+                at = start + j * bs
+                for r in range(B):
+                    conv, recurrent = boundaries.row(r, j) if j in admit[r] else ({}, {})
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][at : at + bs]), pinned,
+                                                conv, recurrent, j in admit[r])
+        return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
+
+    def _prefill_block_by_block(self, decoder: Any, cache: HybridCache, input_ids: torch.Tensor, rows: list,
+                                pos: int, current: list, pinned: set[int], admit: list[set[int]]) -> torch.Tensor:
+        """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
+        boundary's state read from the cache after the block."""
+        bs, (B, T) = self.block_size, input_ids.shape
+        first = pos
         while pos < T:
             end = min(pos + bs, T)
             logits = decoder.prefill(input_ids[:, pos:end])
             if end - pos == bs:
                 for r in range(B):
-                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned)
+                    conv = {i: s[r] for i, s in cache.conv_states.items()}
+                    recurrent = {i: s[r] for i, s in cache.recurrent_states.items()}
+                    states = (pos - first) // bs in admit[r]
+                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned,
+                                                conv, recurrent, states)
             pos = end
-        return PrefixPrefill(logits=logits, restored=hit_blocks * bs, row_hits=row_hits)
+        return logits
 
     def _restore(self, cache: HybridCache, paths: list[list[_Node]]) -> None:
         bs = self.block_size
         for r, path in enumerate(paths):
-            for node in path:
-                at = slice((node.depth - 1) * bs, node.depth * bs)
-                for i, k in node.keys.items():
-                    cache.keys[i][r, :, at].copy_(k)
-                    cache.values[i][r, :, at].copy_(node.values[i])
+            at = slice(0, len(path) * bs)  # the path's blocks are positions 0 .. len(path) * bs, in order
+            for i in path[-1].keys:  # one copy per layer (copies are launches: a hit is timed by them)
+                cache.keys[i][r, :, at].copy_(torch.cat([n.keys[i] for n in path], dim=1))
+                cache.values[i][r, :, at].copy_(torch.cat([n.values[i] for n in path], dim=1))
             last = path[-1]
             for i, s in last.conv_states.items():
                 cache.conv_states[i][r].copy_(s)
@@ -248,12 +319,16 @@ class PrefixCache:
     def _check_snapshot(self, node: _Node, cache: HybridCache) -> None:
         """A snapshot must match the cache's buffers in layers, shape and dtype, or nothing is restored."""
         bs = self.block_size
-        for held, bufs, shape in [
+        parts = [
             (node.keys, cache.keys, lambda b: (b.shape[1], bs, b.shape[3])),
             (node.values, cache.values, lambda b: (b.shape[1], bs, b.shape[3])),
-            (node.conv_states, cache.conv_states, lambda b: tuple(b.shape[1:])),
-            (node.recurrent_states, cache.recurrent_states, lambda b: tuple(b.shape[1:])),
-        ]:
+        ]
+        if node.has_states:
+            parts += [
+                (node.conv_states, cache.conv_states, lambda b: tuple(b.shape[1:])),
+                (node.recurrent_states, cache.recurrent_states, lambda b: tuple(b.shape[1:])),
+            ]
+        for held, bufs, shape in parts:
             if held.keys() != bufs.keys():
                 raise ValueError("a snapshot's layers do not match the cache's: it was made for another model")
             for i, t in held.items():
@@ -264,13 +339,21 @@ class PrefixCache:
                     )
 
     # -- storing and eviction ------------------------------------------------------------------------
-    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int]) -> _Node | None:
-        """The node for row ``r`` after ``block`` below ``parent``: found, or stored from the cache now."""
+    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int],
+                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor], states: bool = True) -> _Node | None:
+        """The node for row ``r`` after ``block`` below ``parent``: found, or stored now from the cache's
+        KV of that block and, with ``states``, the row's states at the boundary (``conv``, ``recurrent``:
+        layer -> state; a node found without states gets them)."""
         if parent is None:
             return None
         node = parent.children.get(block)
+        if node is not None and states and not node.has_states:
+            if self._make_room(pinned | {id(node)}, self._states_bytes):
+                before = node.nbytes
+                node.attach_states(conv, recurrent)
+                self.nbytes += node.nbytes - before
         if node is None:
-            if not self._make_room(pinned):
+            if not self._make_room(pinned, self.snapshot_bytes if states else self.snapshot_bytes - self._states_bytes):
                 return None
             depth = parent.depth + 1
             at = slice((depth - 1) * self.block_size, depth * self.block_size)
@@ -278,9 +361,10 @@ class PrefixCache:
                 parent=parent, block=block, depth=depth,
                 keys={i: k[r, :, at].clone() for i, k in cache.keys.items()},
                 values={i: v[r, :, at].clone() for i, v in cache.values.items()},
-                conv_states={i: s[r].clone() for i, s in cache.conv_states.items()},
-                recurrent_states={i: s[r].clone() for i, s in cache.recurrent_states.items()},
+                has_states=states,
             )
+            if states:
+                node.attach_states(conv, recurrent)
             parent.children[block] = node
             self.nbytes += node.nbytes
         node.last_used = self._clock
@@ -298,15 +382,16 @@ class PrefixCache:
         return leaves
 
     def _eviction_score(self, node: _Node) -> tuple:
-        """Lowest goes first. lru: last use. flops: FLOPs a hit on it saves per byte it holds, then last use."""
+        """Lowest goes first. A leaf without states saves nothing and goes before any other. lru: last
+        use. flops: FLOPs a hit on it saves per byte it holds, then last use."""
         if self.policy == "lru":
-            return (node.last_used,)
+            return (node.has_states, node.last_used)
         saved = self.flops_per_token * node.depth * self.block_size
-        return (saved / node.nbytes, node.last_used)
+        return (node.has_states, saved / node.nbytes, node.last_used)
 
-    def _make_room(self, pinned: set[int]) -> bool:
-        """Evict unpinned leaves until one more snapshot fits the budget; False if it cannot."""
-        while self.nbytes + self.snapshot_bytes > self.budget_bytes:
+    def _make_room(self, pinned: set[int], need: int) -> bool:
+        """Evict unpinned leaves until ``need`` more bytes fit the budget; False if they cannot."""
+        while self.nbytes + need > self.budget_bytes:
             leaves = self._leaves(pinned)
             if not leaves:
                 return False
@@ -326,3 +411,70 @@ class PrefixCache:
             f"PrefixCache({self.cfg.name}, {self.dtype}, block_size={self.block_size}, policy={self.policy}, "
             f"snapshots={len(self)}, {self.nbytes}/{self.budget_bytes} bytes)"
         )
+
+
+class _BoundaryStates:
+    """The conv windows and recurrent states at the block boundaries of one prefill call, read while it
+    runs: ``cores`` wrap the decoder's own prefill cores (:meth:`Decoder.prefill_cores`).
+
+    The model calls the conv core once per conv or GDN layer and the delta rule once per GDN layer,
+    in layer order, so the n-th call belongs to the n-th such layer of the cache. A conv window after
+    ``e`` tokens is rows ``e .. e+K-2`` of (old window, new inputs): the inputs are all in hand.
+    A recurrent state comes from the chunk kernel's checkpoints when the decoder's delta rule takes
+    them and the block is a multiple of its chunk (one walk, no re-run); otherwise the delta rule
+    is called piece by piece between boundaries (the same function, rounded as a block-by-block
+    prefill would be) and the state is read between the pieces.
+    """
+
+    def __init__(self, decoder: Any, cache: HybridCache, every: int, count: int) -> None:
+        self.every, self.count = every, count
+        self._conv_layers, self._gdn_layers = list(cache.conv_states), list(cache.recurrent_states)
+        self._conv_calls = self._gdn_calls = 0
+        self.conv: dict[int, torch.Tensor] = {}  # layer -> [B, count, K-1, C]
+        self.recurrent: dict[int, torch.Tensor] = {}  # layer -> [B, count, Hv, K, V] float32
+        multiple = getattr(decoder, "checkpoint_multiple", None)
+        self.from_kernel = bool(count and multiple and every % multiple == 0)
+        self._checkpoints: list[torch.Tensor] = []
+        self.base = decoder.prefill_cores(every, self._checkpoints) if self.from_kernel else decoder.prefill_cores()
+        # the base's kernels stay, except the two that hold a conv: their references call this conv
+        self.cores = replace(self.base, delta_rule=self._delta_rule, conv=self._conv,
+                             short_conv=partial(short_conv_ref, conv=self._conv),
+                             gdn_inputs=partial(gdn_inputs_ref, conv=self._conv))
+
+    def _ends(self) -> list[int]:
+        return [self.every * (j + 1) for j in range(self.count)]
+
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
+        layer = self._conv_layers[self._conv_calls]
+        self._conv_calls += 1
+        y, new_state = self.base.conv(x, weight, state)
+        if self.count:
+            u, width = torch.cat((state.to(x.dtype), x), dim=1), weight.shape[1] - 1
+            self.conv[layer] = torch.stack([u[:, e : e + width] for e in self._ends()], dim=1).to(state.dtype)
+        return y, new_state
+
+    def _delta_rule(self, q, k, v, g, beta, state=None):
+        layer = self._gdn_layers[self._gdn_calls]
+        self._gdn_calls += 1
+        if not self.count:
+            return self.base.delta_rule(q, k, v, g, beta, state)
+        if self.from_kernel:
+            out = self.base.delta_rule(q, k, v, g, beta, state)
+            self.recurrent[layer] = self._checkpoints[-1]
+            return out
+        outs, states, a = [], [], 0
+        cuts = self._ends() + ([q.shape[1]] if self._ends()[-1] < q.shape[1] else [])
+        for b in cuts:
+            o, state = self.base.delta_rule(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], state)
+            outs.append(o)
+            if len(states) < self.count:
+                states.append(state.clone())  # a copy: a fused rule updates the state in place
+            a = b
+        self.recurrent[layer] = torch.stack(states, dim=1)
+        return torch.cat(outs, dim=1), state
+
+    def row(self, r: int, j: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Row ``r``'s conv windows and recurrent states at boundary ``j`` (after (j+1) blocks of the call)."""
+        if self._conv_calls != len(self._conv_layers) or self._gdn_calls != len(self._gdn_layers):
+            raise RuntimeError("the prefill did not call every layer's conv and delta rule once: no snapshot taken")
+        return ({i: s[r, j] for i, s in self.conv.items()}, {i: s[r, j] for i, s in self.recurrent.items()})

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
@@ -63,13 +66,26 @@ class StepProfile:
     batch: int
     context: int
     device: str
-    step_ms: float  # measured outside the profiler, median over steps
+    step_ms: float  # measured outside the profiler, median over rounds
     kernels_per_step: float | None
     busy_ms: float | None  # device busy (union of kernel intervals) per step
     family_ms: dict[str, float] = field(default_factory=dict)  # per step: device time (GPU) or CPU self time
     tensor_core_share: float | None = None
     bytes_per_step: int = 0
     timeline: list[KernelSpan] = field(default_factory=list)  # one step
+    # the same steps timed under the profiler, in rounds interleaved with the unprofiled ones
+    profiled_step_ms: float | None = None
+    bench_runs_ms: list[float] = field(default_factory=list)  # per step, one per round, no profiler
+    profiled_runs_ms: list[float] = field(default_factory=list)  # per step, one per round, profiled
+    launch_api_us: float | None = None  # mean cudaLaunchKernel call as the profiler saw it (inflated by it)
+    fresh_step_ms: float | None = None  # a step at a length never run before in this process, no profiler
+    fresh_gap_ms: float | None = None  # the longest gap between kernels in the profiled fresh steps
+    fresh_gap_kernel: str | None = None  # the kernel that waited for it
+
+    @property
+    def profiler_overhead(self) -> float | None:
+        """Profiled step time over the unprofiled one (1.0: the profiler costs nothing)."""
+        return None if self.profiled_step_ms is None else self.profiled_step_ms / self.step_ms
 
     @property
     def idle_ms(self) -> float | None:
@@ -172,6 +188,9 @@ def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: 
             tc_us += dur
         spans.append(KernelSpan(e.name, fam, e.time_range.start, dur))
     result.kernels_per_step = len(device) / steps
+    calls = [e for e in events if e.device_type == cpu and e.name.startswith("cudaLaunchKernel")]
+    if calls:
+        result.launch_api_us = sum(e.time_range.end - e.time_range.start for e in calls) / len(calls)
     result.tensor_core_share = tc_us / total_us if total_us else None
     if not device:
         return
@@ -256,43 +275,84 @@ def profile_decode(
     context: int = 128,
     steps: int = 5,
     warmup: int = 3,
+    rounds: int = 3,
+    fresh_steps: int = 2,
 ) -> StepProfile:
-    """Profile ``steps`` greedy decode steps after a ``context``-token prefill."""
+    """Profile greedy decode steps after a ``context``-token prefill, interleaved with the same steps
+    unprofiled, in one run.
+
+    Every round starts again from the same prompt (prefill and ``warmup`` steps, not timed), so all
+    rounds run the same ``steps`` positions, as a benchmark's repeated runs do; one unmeasured round
+    first. Each of ``rounds`` rounds then times the steps back to back without the profiler (as a
+    decode loop issues them: the host queues step n+1 while the GPU runs step n), and once more
+    under the profiler, with the module scopes it needs. ``step_ms`` is the median unprofiled step,
+    ``profiled_step_ms`` the median profiled one: their ratio is the profiler's own overhead. The
+    kernels of the last round are attributed.
+
+    Then ``fresh_steps`` steps at positions the process has never run (``fresh_step_ms``) and as
+    many profiled further on: a step at a new length can cost more on the host (a library building
+    and caching a plan for a new shape); the longest gap between two kernels of those profiled steps
+    and the kernel after it are kept (``fresh_gap_ms``, ``fresh_gap_kernel``).
+    """
+    if steps < 1 or rounds < 1 or warmup < 0 or fresh_steps < 0:
+        raise ValueError(f"need steps >= 1, rounds >= 1, warmup >= 0, fresh_steps >= 0; "
+                         f"got {steps}, {rounds}, {warmup}, {fresh_steps}")
     cuda = model.device.type == "cuda"
-    cache = model.new_cache(batch, context + warmup + 4 * steps + 1)
+    cache = model.new_cache(batch, context + warmup + steps + 2 * fresh_steps + 1)
     decoder = make_decoder(backend, model, cache)
     ids = torch.randint(0, model.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
-    token = decoder.prefill(ids.to(model.device)).argmax(-1)
-    for _ in range(warmup):
-        token = decoder.step(token).argmax(-1)
+    ids = ids.to(model.device)
+    last: dict = {}
 
-    # wall time per step, without the profiler's overhead: runs of back-to-back steps, as a decode
-    # loop issues them (the CPU queues step n+1 while the GPU still runs step n), median of 3
-    last = {"token": token}
-
-    def run() -> None:
-        for _ in range(steps):
+    def start() -> None:
+        cache.reset()
+        last["token"] = decoder.prefill(ids).argmax(-1)
+        for _ in range(warmup):
             last["token"] = decoder.step(last["token"]).argmax(-1)
 
-    step_ms = measure(run, device=model.device, graph=False, warmup=0, repeats=3).ms / steps
-    token = last["token"]
+    def run(n: int = steps) -> None:
+        for _ in range(n):
+            last["token"] = decoder.step(last["token"]).argmax(-1)
+
+    def profiled_run(n: int) -> tuple[Any, float]:
+        with _module_scopes(model), _profiling(activities) as prof:
+            _sync(model.device)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                with record_function("labkit::step"):
+                    logits = decoder.step(last["token"])
+                    with record_function("labkit::sampling"):
+                        last["token"] = logits.argmax(-1)
+            _sync(model.device)
+        return prof, (time.perf_counter() - t0) * 1e3 / n
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with _module_scopes(model), _profiling(activities) as prof:
-        for _ in range(steps):
-            with record_function("labkit::step"):
-                logits = decoder.step(token)
-                with record_function("labkit::sampling"):
-                    token = logits.argmax(-1)
-        if cuda:
-            torch.cuda.synchronize()
-
+    start()
+    run()  # every position of the rounds runs once before anything is timed
+    bench, profiled, prof = [], [], None
+    for _ in range(rounds):
+        bench.append(measure(run, device=model.device, graph=False, warmup=0, repeats=1, setup=start).ms / steps)
+        start()
+        prof, ms = profiled_run(steps)
+        profiled.append(ms)
     events = prof.events()
+
     result = StepProfile(
         model=model.cfg.name, backend=backend, batch=batch, context=context,
-        device=model.device.type, step_ms=step_ms, kernels_per_step=None, busy_ms=None,
+        device=model.device.type, step_ms=statistics.median(bench), kernels_per_step=None, busy_ms=None,
         bytes_per_step=step_cost(model.cfg, batch, context, model.dtype.itemsize).bytes,
+        profiled_step_ms=statistics.median(profiled), bench_runs_ms=bench, profiled_runs_ms=profiled,
     )
+    if fresh_steps:  # continue past every position run so far
+        result.fresh_step_ms = measure(lambda: run(fresh_steps), device=model.device, graph=False, warmup=0,
+                                       repeats=1).ms / fresh_steps
+        if cuda:
+            fresh_prof, _ = profiled_run(fresh_steps)
+            kernels = sorted((e for e in fresh_prof.events() if _is_kernel(e)), key=lambda e: e.time_range.start)
+            gaps = [(b.time_range.start - a.time_range.end, b.name) for a, b in zip(kernels, kernels[1:])]
+            if gaps:
+                widest = max(gaps)
+                result.fresh_gap_ms, result.fresh_gap_kernel = widest[0] / 1e3, widest[1][:120]
     family_ms = dict.fromkeys(FAMILIES, 0.0)
     if cuda:
         _attribute_kernels(events, steps, family_ms, result)
@@ -303,3 +363,42 @@ def profile_decode(
             family_ms[_family_of(e, e.name)] += e.self_cpu_time_total / 1e3 / steps
     result.family_ms = {k: v for k, v in family_ms.items() if v > 0}
     return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PrefillProfile:
+    model: str
+    tokens: int
+    batch: int
+    wall_ms: float  # one prefill under the profiler, host clock (includes the profiler's overhead)
+    kernels: int | None
+    busy_ms: float | None  # union of the prefill's kernel intervals
+
+
+@torch.no_grad()
+def profile_prefill(model: HybridLM, tokens: int, batch: int = 1) -> PrefillProfile:
+    """Kernels and GPU-busy time of one reference prefill of ``tokens`` tokens (after one warm-up)."""
+    cache = model.new_cache(batch, tokens)
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.device)
+    decoder = make_decoder("reference", model, cache)
+    decoder.prefill(ids)
+    cuda = model.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    cache.reset()
+    with _profiling(activities) as prof:
+        _sync(model.device)
+        t0 = time.perf_counter()
+        decoder.prefill(ids)
+        _sync(model.device)
+        wall = (time.perf_counter() - t0) * 1e3
+    if not cuda:
+        return PrefillProfile(model.cfg.name, tokens, batch, wall, None, None)
+    kernels = [e for e in prof.events() if _is_kernel(e)]
+    busy = _union_ms([(e.time_range.start, e.time_range.end) for e in kernels])
+    return PrefillProfile(model.cfg.name, tokens, batch, wall, len(kernels), busy)

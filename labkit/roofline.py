@@ -110,3 +110,37 @@ def step_cost(cfg: ModelConfig, batch: int = 1, context: int = 0, dtype_bytes: i
         state_bytes=batch * sum(c.state_bytes_per_seq for c in costs),
         flops=batch * sum(c.flops_per_seq for c in costs),
     )
+
+
+def cache_buffer_bytes(cfg: ModelConfig, max_len: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """Bytes one sequence holds in labkit's real cache (:class:`labkit.cache.HybridCache`, built on
+    the meta device, so nothing is allocated), per kind: "kv" (keys and values of ``max_len``
+    positions), "conv" (the conv windows of short-conv and GDN layers), "gdn" (the recurrent states).
+    A check on :func:`layer_costs`: a step reads and writes each fixed buffer once."""
+    from .cache import HybridCache
+
+    cache = HybridCache(cfg, 1, max_len, dtype, "meta")
+
+    def total(buffers) -> int:
+        return sum(b.numel() * b.element_size() for b in buffers)
+
+    return {"kv": total([*cache.keys.values(), *cache.values.values()]),
+            "conv": total(cache.conv_states.values()),
+            "gdn": total(cache.recurrent_states.values())}
+
+
+@dataclass(frozen=True)
+class PublishedDecoder:
+    """A published decode result, quoted as a fraction of the memory bandwidth it reached."""
+
+    what: str
+    gpu: str
+    fraction_of_bandwidth: float
+    source: str
+
+
+# What hand-written decoders of small models reach (the target the notebooks measure against).
+PUBLISHED_DECODERS = (
+    PublishedDecoder("HazyResearch's Llama-3.2-1B megakernel, batch-1 decode", "H100", 0.78,
+                     "HazyResearch, 'Look Ma, No Bubbles! Designing a Low-Latency Megakernel for Llama-1B' (2025)"),
+)

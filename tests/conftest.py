@@ -49,3 +49,30 @@ def rel_err(a, b) -> float:
 @pytest.fixture
 def device():
     return "cuda" if _cuda else "cpu"
+
+
+class RecordedStep:
+    def __init__(self, step, owner):
+        self.step, self.owner = step, owner
+
+    def replay(self):
+        self.owner.replays += 1
+        self.step()
+
+
+class RecordingGraphs:
+    """Stand-in for CUDA graphs: capture records the step (without running it), replay re-runs it."""
+
+    def __init__(self):
+        self.warm_ups = self.captures = self.replays = 0
+
+    def available(self, device):
+        return True
+
+    def warm_up(self, step, device):
+        self.warm_ups += 1
+        step()
+
+    def capture(self, step, device):
+        self.captures += 1
+        return RecordedStep(step, self)

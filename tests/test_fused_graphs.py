@@ -13,38 +13,11 @@ import torch
 from torch import nn
 
 import labkit
-from conftest import rel_err
+from conftest import RecordingGraphs, rel_err
 from labkit import fused
 from labkit.backends import make_decoder, release_pooled
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
-
-
-class RecordedStep:
-    def __init__(self, step, owner):
-        self.step, self.owner = step, owner
-
-    def replay(self):
-        self.owner.replays += 1
-        self.step()
-
-
-class RecordingGraphs:
-    """Stand-in for CUDA graphs: capture records the step (without running it), replay re-runs it."""
-
-    def __init__(self):
-        self.warm_ups = self.captures = self.replays = 0
-
-    def available(self, device):
-        return True
-
-    def warm_up(self, step, device):
-        self.warm_ups += 1
-        step()
-
-    def capture(self, step, device):
-        self.captures += 1
-        return RecordedStep(step, self)
 
 
 @pytest.fixture
@@ -70,7 +43,8 @@ def test_replayed_steps_match_eager_and_reference(preset, batch, graphs):
         buf.fill_(float("nan"))
     token = ref.prefill(prompt).argmax(-1)
     eager.prefill(prompt)
-    graph.prefill(prompt)
+    graph.prefill(prompt)  # a length seen once: eager (fused.PREFILL_CAPTURE_AT)
+    assert (graphs.captures, graphs.warm_ups, graphs.replays) == (2, 2, 0)
     for step in range(4):
         want = ref.step(token)
         if step % 2:
@@ -100,22 +74,24 @@ def test_generate_captures_once_for_calls_of_the_same_shape(graphs):
     first = labkit.generate(model, prompt, 4, backend="fused+graph")
     again = labkit.generate(model, prompt, 4, backend="fused+graph")
     assert torch.equal(first.tokens, want) and torch.equal(again.tokens, want)
-    assert graphs.captures == 2  # one logits graph, one greedy graph, for both calls
-    assert graphs.replays == 2 * 3
+    # one logits graph and one greedy graph for both calls; the prompt length's second call captures its prefill
+    assert graphs.captures == 3
+    assert graphs.replays == 3 + (1 + 3)
     # the first call's set-up ran the interpreted step (warm-up before capture); the second only checked the weights
     assert again.setup_s < first.setup_s / 10, (first.setup_s, again.setup_s)
     wall = again.setup_s + again.prefill_s + again.decode_s
     assert again.wall_tokens_per_s == pytest.approx(again.tokens.numel() / wall)
-    # a longer prompt in the same cache bucket shares the graphs; another batch size does not
+    # a longer prompt in the same cache bucket shares the step graphs (its prefill runs eagerly, seen
+    # once); another batch size does not
     longer = _prompt(model, 2, 9, seed=1)
     assert torch.equal(labkit.generate(model, longer, 3, backend="fused+graph").tokens,
                        labkit.generate(model, longer, 3).tokens)
-    assert graphs.captures == 2
+    assert graphs.captures == 3
     labkit.generate(model, prompt[:1], 2, backend="fused+graph")
-    assert graphs.captures == 4
+    assert graphs.captures == 5
     release_pooled(model)
     labkit.generate(model, prompt, 2, backend="fused+graph")
-    assert graphs.captures == 6
+    assert graphs.captures == 7
 
 
 def _modify_by_replacing(model):
@@ -138,7 +114,7 @@ def test_changed_weights_are_recaptured(modify, graphs):
     want = labkit.generate(model, prompt, 4).tokens
     assert not torch.equal(want, before)  # the change matters, so stale weights would show
     got = labkit.generate(model, prompt, 4, backend="fused+graph")
-    assert graphs.captures == 4
+    assert graphs.captures == 5  # the step graphs again, and the prefill of the length now seen twice
     assert torch.equal(got.tokens, want)
 
 
@@ -171,3 +147,29 @@ def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
     assert torch.equal(out.tokens, labkit.generate(model, prompt, 3).tokens)
     pool = model.attachments["labkit.decoder_pool"]
     assert [key[-1] for key in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
+
+
+def test_prefill_graphs_per_length_match_the_eager_prefill(graphs, monkeypatch):
+    """fused+graph prefill of a fresh cache: a graph per prompt length from its second time (the
+    least recently used dropped past PREFILL_GRAPHS), the same logits and cache as the eager fused
+    prefill; a prompt that continues a sequence runs eagerly."""
+    monkeypatch.setattr(fused, "PREFILL_GRAPHS", 2)
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=4)
+    eager = make_decoder("fused", model, model.new_cache(2, max_len=16))
+    graph = make_decoder("fused+graph", model, model.new_cache(2, max_len=16))
+    for length in (5, 7, 5, 3, 7, 3, 5):
+        prompt = _prompt(model, 2, length, seed=length)
+        eager.cache.reset()
+        graph.cache.reset()
+        want = eager.prefill(prompt)
+        got = graph.prefill(prompt)
+        assert rel_err(got, want) < 1e-6, length
+        assert graph.cache.host_lengths == (length, length) and graph.cache.lengths.tolist() == [length] * 2
+        for i in eager.cache.conv_states:
+            assert rel_err(graph.cache.conv_states[i], eager.cache.conv_states[i]) < 1e-6
+    # captured at their second time: 5, 7, then 3 (dropping 5, the least recently used), then 5 (dropping 7)
+    assert graph.prefill_captures == 4 and list(graph._prefill_graphs) == [3, 5]
+    captures = graphs.captures
+    more = _prompt(model, 2, 2, seed=9)
+    eager_more, graph_more = eager.prefill(more), graph.prefill(more)  # continues: eager, no capture
+    assert graphs.captures == captures and rel_err(graph_more, eager_more) < 1e-6

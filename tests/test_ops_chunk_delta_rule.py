@@ -96,13 +96,52 @@ def test_repeated_keys_keep_the_solve_exact(device):
     g = torch.zeros_like(g)
     beta = torch.full_like(beta, 0.99)
     o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta, state)
-    o, s = _run(q, k, v, g, beta, state, split=0)
-    assert rel_err(o, o_ref) < 1e-5
-    assert rel_err(s, s_ref) < 1e-5
+    for prepare in ("fused", "split"):
+        o, s = _run(q, k, v, g, beta, state, split=0, prepare=prepare)
+        assert rel_err(o, o_ref) < 1e-5, prepare
+        assert rel_err(s, s_ref) < 1e-5, prepare
 
 
 # a length-1 sequence, one of no tokens, one that is not a multiple of the chunk, one of exactly two
 LENGTHS = [1, 70, 0, 128, 33]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_prepare_matches_recurrence(dtype, device):
+    """prepare="split" (the solve kernel, then W, U0 and P by separate programs) on packed
+    sequences with grouped heads, odd head dims and an initial state."""
+    lengths = [70, 1, 0, 33]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=41, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(42)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split=0, prepare="split")
+    assert rel_err(o, o_ref) < BOUND[dtype]
+    assert rel_err(s, s_ref) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("split", [0, 1])
+def test_deferred_outputs_match_recurrence(split, device):
+    """defer_outputs: the walk stores chunk start states and deltas, a parallel kernel forms the
+    outputs; packed sequences, the split, checkpoints, output blocks narrower than the walk's."""
+    lengths = [130, 1, 0, 64]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=43, device=device)
+    state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(44)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    ckpt = _poisoned(num_checkpoints(lengths, 64), 2, 16, 24, device=device)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split=split, defer_outputs=True, output_block_v=16,
+                checkpoints=ckpt, checkpoint_every=64)
+    assert rel_err(o, o_ref) < 1e-5
+    assert rel_err(s, s_ref) < 1e-5
+    _, s64 = delta_rule_recurrent_ref(*(x[:, :64] for x in (q, k, v, g, beta)), state[:1])
+    assert rel_err(ckpt[0], s64[0]) < 1e-5
+
+
+def test_unknown_prepare_is_refused(device):
+    q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
+    with pytest.raises(ValueError, match="prepare must be one of"):
+        chunk_delta_rule(q, k, v, g, beta, state, prepare="both")
 
 
 @pytest.mark.parametrize("split", [0, 1])
@@ -247,6 +286,8 @@ def test_benchmark_needs_a_gpu():
 
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         bench_gdn_prefill()
+    with pytest.raises(ValueError, match="unknown variants"):
+        bench_gdn_prefill(variants=("fastest",))
 
 
 def test_kernels_compile_for_sm90_at_real_shapes():
@@ -264,5 +305,6 @@ def test_kernels_compile_for_sm90_at_real_shapes():
                          env=env, cwd=root, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "for sm_90" in run.stdout and "; 0 failures" in run.stdout
-    for kernel in ("_prepare_kernel", "_walk_kernel", "_transition_kernel", "_combine_kernel"):
+    for kernel in ("_prepare_kernel", "_solve_kernel", "_products_kernel", "_walk_kernel", "_transition_kernel",
+                   "_combine_kernel"):
         assert kernel in run.stdout

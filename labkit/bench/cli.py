@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,chain,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,chain,tma,article-cache,cache,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import torch
 from ..config import PRESETS
 from ..hw import device_facts
 from ..model import HybridLM, build
+from .article_cache import add_arguments as add_article_cache_arguments
+from .article_cache import command_line as article_cache_command
+from .article_cache import run as run_article_cache
 from .decode import PEERS, DecodeResult, time_decode, time_prefill
 from .ops import bench_ops
-from .results import DATA_DIR, load_results, markdown_table, update_readme, write_results
+from .results import DATA_DIR, load_results, markdown_table, plot_prefill_file, update_readme, write_results
 
 
 def _models(names: list[str], device: str, dtype: torch.dtype):
@@ -42,7 +45,8 @@ def _print_rows(rows: list) -> None:
                 print(f"{'':>14} {'':>22} {'':5} {w['tokens_per_s']:10.1f} tok/s wall clock, generate() x{w['calls']} "
                       f"in {w['seconds']:.2f} s{setup}")
         else:
-            print(f"{r.model:>14} {r.impl:>22} B={r.batch:<3} T={r.tokens:<5} {r.ms:10.2f} ms")
+            first = f" (first call of a new decoder {r.first_call_ms:.1f} ms)" if r.first_call_ms is not None else ""
+            print(f"{r.model:>14} {r.impl:>22} B={r.batch:<3} T={r.tokens:<5} {r.ms:10.2f} ms{first}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +73,38 @@ def _parser() -> argparse.ArgumentParser:
                            help="also time labkit.generate called N times in a row, set-up included (labkit backends)")
         else:
             s.add_argument("--lengths", nargs="+", type=int, default=[512, 4096])
+            s.add_argument("--peer-repeats", type=int, default=None,
+                           help="repeats for the peers (transformers is slow at long prompts); default --repeats")
+            s.add_argument("--gdn-kernel", metavar="NAME",
+                           help="first, in this process, the Gated DeltaNet kernel beside fla "
+                                "(python -m labkit.bench.gdn_prefill: T = 1k..64k and 8 x 2k packed), to NAME.json: "
+                                "with fla on the path, fla's autotuning is then paid once for it and transformers+fla")
+            s.add_argument("--gdn-variants", nargs="*", default=["default"], help="its kernel forms (gdn_prefill.VARIANTS)")
+            s.add_argument("--plot", nargs="*", type=Path, default=None, metavar="MORE_JSON",
+                           help="also draw prefill ms against prompt length: <name>.png beside the json, from "
+                                "this run's rows and those of the given results files (e.g. a transformers+fla run)")
+    ac = sub.add_parser("article-cache", help="the article's two-level cache: skipped work, error, bits per byte, "
+                        "tok/s across thresholds (labkit.bench.article_cache)")
+    add_article_cache_arguments(ac)
+    ac.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    c = sub.add_parser("cache", help="the exact prefix cache: TTFT with hits, workloads, bf16 snapshots")
+    c.add_argument("--models", nargs="+", default=None,
+                   help="presets or shipped checkpoints (default: qwen3.5-0.8b on a GPU, byte-qwen3.5-6m on a CPU)")
+    c.add_argument("--backends", nargs="+", default=None, help="default: fused fused+graph on a GPU, reference on a CPU")
+    c.add_argument("--experiments", nargs="+", default=["ttft", "workload", "precision"])
+    c.add_argument("--ttft-cases", nargs="+", default=None, metavar="PREFIX:SUFFIX:BLOCK",
+                   help="default on a GPU: 4096:64:256 480:32:544 480:32:64")
+    c.add_argument("--block-size", type=int, default=None, help="workloads' block (default 256 on a GPU, 8 on a CPU)")
+    c.add_argument("--budgets", nargs="+", type=float, default=[8, 16], help="workload budgets, in snapshots")
+    c.add_argument("--policies", nargs="+", default=["lru", "flops", "lru+ends", "flops+ends"],
+                   help="eviction policy, +ends for Marconi-style admission (states at prompt ends and branch points)")
+    c.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="auto: bf16 on a GPU")
+    c.add_argument("--workloads", nargs="+", default=None, help="shared-prefix, multi-turn, unrelated (default: all)")
+    c.add_argument("--steps", type=int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--device", default="auto")
+    c.add_argument("--name", required=True, help="results go to data/bench/<gpu>/<name>.json")
+    c.add_argument("--data-dir", type=Path, default=DATA_DIR)
     sub.add_parser("hw")
     t = sub.add_parser("table")
     t.add_argument("--readme", type=Path, help="rewrite the results section of this README")
@@ -81,6 +117,10 @@ def main(argv: list[str]) -> int:
         from .chain import main as chain_main
 
         return chain_main(argv[1:])
+    if argv and argv[0] == "tma":  # the CUDA TMA GEMV against Triton and cuBLAS: its own parser
+        from .tma import main as tma_main
+
+        return tma_main(argv[1:])
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
         from ..notebooks import cpu_environment
@@ -93,6 +133,9 @@ def main(argv: list[str]) -> int:
         print(markdown_table(docs))
         return 0
     device = ("cuda" if torch.cuda.is_available() else "cpu") if getattr(args, "device", "auto") == "auto" else args.device
+    if getattr(args, "gdn_kernel", None) and not device.startswith("cuda"):
+        print("--gdn-kernel times the kernel inside CUDA graphs: it needs a CUDA GPU")
+        return 2
     if args.what == "ops" and not device.startswith("cuda"):
         print("bench ops times each op inside a CUDA graph: it needs a CUDA GPU (the CPU tests check the "
               "same ops: python -m pytest tests/test_bench_ops.py)")
@@ -101,7 +144,29 @@ def main(argv: list[str]) -> int:
     print(f"{facts.name}: copy {facts.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {facts.bf16_flops / 1e12:.0f} TFLOP/s")
     if args.what == "hw":
         return 0
+    if args.what == "article-cache":
+        args.device = device
+        rows = run_article_cache(args)
+        path = write_results(args.name, "article-cache", rows, facts, command=article_cache_command(argv),
+                             data_dir=args.data_dir)
+        print(f"wrote {path}")
+        return 0
     rows: list = []
+    if args.what == "cache":
+        from .cache import run_cache_bench
+
+        rows = run_cache_bench(args, device)
+        command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+        path = write_results(args.name, "prefix-cache", rows, facts, command=command, data_dir=args.data_dir)
+        print(f"wrote {path}")
+        return 0
+    command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+    if getattr(args, "gdn_kernel", None):
+        from .gdn_prefill import bench_gdn_prefill, print_rows
+
+        kernel_rows = bench_gdn_prefill(variants=tuple(args.gdn_variants), reps=10)
+        print_rows(kernel_rows)
+        print(f"wrote {write_results(args.gdn_kernel, 'gdn-prefill', kernel_rows, facts, command=command, data_dir=args.data_dir)}")
     for model in _models(args.models, device, torch.bfloat16):
         for b in args.batch:
             if args.what == "ops":
@@ -114,9 +179,13 @@ def main(argv: list[str]) -> int:
                                             wall_calls=tuple(args.wall_calls)))
                     _print_rows(rows[-1:])
                 else:
-                    rows += [time_prefill(model, impl, n, b, args.repeats) for n in args.lengths]
+                    repeats = args.peer_repeats if impl in PEERS and args.peer_repeats else args.repeats
+                    rows += [time_prefill(model, impl, n, b, repeats) for n in args.lengths]
                     _print_rows(rows[-len(args.lengths):])
-    command = shlex.join(["python", "-m", "labkit", "bench", *argv])
+                # the rows so far, rewritten as they grow: a run stopped by a time limit keeps them
+                write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     path = write_results(args.name, args.what, rows, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
+    if getattr(args, "plot", None) is not None:
+        print(f"wrote {plot_prefill_file(path, *args.plot)}")
     return 0

@@ -28,7 +28,7 @@ from ..model import HybridLM
 from ..roofline import step_cost
 from ..timing import measure
 
-PEERS = ("transformers", "transformers+compile")
+PEERS = ("transformers", "transformers+fla", "transformers+compile")
 
 
 # -- runners: one interface for labkit backends and peers -----------------------------------------
@@ -79,8 +79,29 @@ def transformers_runner(model: HybridLM, compiled: bool = False) -> Runner:
     return Runner(reset, prefill, step)
 
 
+def fla_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
+
+
+def check_fla_peer(model: HybridLM, name: str) -> None:
+    """transformers picks flash-linear-attention's kernels for Qwen3.5's Gated DeltaNet when fla can be
+    imported (decided when its modeling module is imported), so the peer's name must say which it
+    runs: "transformers+fla" needs fla importable; plain "transformers" of a model with GDN layers
+    needs it absent (run that peer in a process without fla on the path)."""
+    has_gdn = "gdn" in model.cfg.layer_types
+    if name == "transformers+fla" and not fla_importable():
+        raise RuntimeError("the transformers+fla peer needs flash-linear-attention importable "
+                           "(on the GPU machine: PYTHONPATH=/tmp/fla:$PYTHONPATH)")
+    if name == "transformers" and has_gdn and fla_importable():
+        raise RuntimeError("fla is importable here, so transformers' Gated DeltaNet would run fla's kernels: "
+                           "ask for the transformers+fla peer, or time plain transformers without fla on the path")
+
+
 def make_runner(model: HybridLM, name: str, batch: int, max_len: int) -> Runner:
-    if name == "transformers":
+    if name in ("transformers", "transformers+fla"):
+        check_fla_peer(model, name)
         return transformers_runner(model)
     if name == "transformers+compile":
         return transformers_runner(model, compiled=True)
@@ -116,6 +137,10 @@ class PrefillResult:
     ms: float | None = None
     runs_ms: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
+    # labkit backends: the first prefill of this length by a new decoder (kernels already compiled),
+    # host clock (fused+graph runs a length's first prefill eagerly and captures it the second time,
+    # labkit.fused.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
+    first_call_ms: float | None = None
     error: str | None = None
 
 
@@ -217,6 +242,14 @@ def time_prefill(
         ids = _prompt(model, batch, tokens)
         timing = measure(lambda: runner.prefill(ids), device=model.device, graph=False, warmup=warmup,
                          repeats=repeats, setup=runner.reset)
+        if impl not in PEERS:
+            del runner
+            fresh = make_runner(model, impl, batch, tokens + 1)
+            _sync(model.device)
+            t0 = time.perf_counter()
+            fresh.prefill(ids)
+            _sync(model.device)
+            res.first_call_ms = (time.perf_counter() - t0) * 1e3
     except Exception as exc:
         res.error = _error(exc)
         return res

@@ -13,6 +13,7 @@ implementation are not counted), and labkit's relative RMS difference from fla's
     python -m labkit.bench.gdn_prefill                      # prints the rows
     python -m labkit.bench.gdn_prefill --splits 0 4 16 64   # sweeps the split (chunks per segment)
     python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
+    python -m labkit.bench.gdn_prefill --variants default fused-prepare+walk-outputs   # the kernel's forms
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ import torch.nn.functional as F
 HEADS, HEAD_DIM = 16, 128
 LENGTHS = (1024, 4096, 16384, 65536)
 PACKED = (8, 2048)  # sequences x tokens, as one varlen call
+# the kernel's forms (chunk_delta_rule's prepare / defer_outputs / block_v), by name; "default" is
+# whatever the module's defaults are
+VARIANTS = {
+    "default": {},
+    "fused-prepare+walk-outputs": dict(prepare="fused", defer_outputs=False),
+    "split-prepare+walk-outputs": dict(prepare="split", defer_outputs=False),
+    "fused-prepare+deferred": dict(prepare="fused", defer_outputs=True),
+    "split-prepare+deferred": dict(prepare="split", defer_outputs=True),
+    "split-prepare+deferred+bv16": dict(prepare="split", defer_outputs=True, block_v=16),
+}
 
 
 @dataclass
@@ -35,6 +46,7 @@ class GdnPrefillResult:
     sequences: int
     tokens: int  # all sequences together
     split: int | None = None  # labkit: chunks per segment (0: no split)
+    variant: str | None = None  # labkit: the kernel's form (VARIANTS)
     ms: float | None = None
     tokens_per_s: float | None = None
     bytes: int | None = None
@@ -76,9 +88,14 @@ def bench_gdn_prefill(
     head_dim: int = HEAD_DIM,
     reps: int = 15,
     with_fla: bool = True,
+    variants: tuple[str, ...] = ("default",),
 ) -> list[GdnPrefillResult]:
-    """One row per (case, implementation, split). ``splits``: labkit's ``split`` values to time
-    (None: its own choice, reported as the number it chose; 0: no split)."""
+    """One row per (case, implementation, variant, split). ``splits``: labkit's ``split`` values to
+    time (None: its own choice, reported as the number it chose; 0: no split); ``variants``: names
+    from VARIANTS."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     if not torch.cuda.is_available():
         raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
     from ..ops.chunk_delta_rule import chunk_delta_rule, prefill_block_v, prefill_split
@@ -118,15 +135,16 @@ def bench_gdn_prefill(
             except Exception as exc:  # a peer that fails (e.g. to be captured) is a finding, not a crash
                 row.error = error_text(exc)
             rows.append(row)
-        blocks = -(-head_dim // prefill_block_v(head_dim))
-        for split in splits:
+        for name, split in [(v, s) for v in variants for s in splits]:
+            kw = VARIANTS[name]
+            blocks = -(-head_dim // (kw.get("block_v") or prefill_block_v(head_dim)))
             chosen = prefill_split(sequences, heads, blocks, total) if split is None else split
-            row = GdnPrefillResult("labkit", sequences, total, split=chosen)
+            row = GdnPrefillResult("labkit", sequences, total, split=chosen, variant=name)
             try:
-                o, _ = chunk_delta_rule(**x, split=chosen)
+                o, _ = chunk_delta_rule(**x, split=chosen, **kw)
                 if fla_out is not None:
                     row.rel_diff_vs_fla = rel_err(o, fla_out)
-                timed(row, lambda: chunk_delta_rule(**x, split=chosen))
+                timed(row, lambda: chunk_delta_rule(**x, split=chosen, **kw))
             except Exception as exc:
                 row.error = error_text(exc)
             rows.append(row)
@@ -136,15 +154,16 @@ def bench_gdn_prefill(
 
 
 def print_rows(rows: list[GdnPrefillResult]) -> None:
-    print(f"{'impl':>7} {'seqs':>4} {'tokens':>7} {'split':>5} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} {'vs fla':>8}")
+    print(f"{'impl':>7} {'variant':>27} {'seqs':>4} {'tokens':>7} {'split':>5} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} "
+          f"{'vs fla':>8}")
     for r in rows:
         split = "" if r.split is None else str(r.split)
+        head = f"{r.impl:>7} {r.variant or '':>27} {r.sequences:>4} {r.tokens:>7} {split:>5}"
         if r.error:
-            print(f"{r.impl:>7} {r.sequences:>4} {r.tokens:>7} {split:>5} FAILED {r.error}")
+            print(f"{head} FAILED {r.error}")
             continue
         diff = "" if r.rel_diff_vs_fla is None else f"{r.rel_diff_vs_fla:.1e}"
-        print(f"{r.impl:>7} {r.sequences:>4} {r.tokens:>7} {split:>5} {r.ms:9.3f} {r.tokens_per_s / 1e6:8.2f} "
-              f"{r.bytes_per_s / 1e9:7.0f} {diff:>8}")
+        print(f"{head} {r.ms:9.3f} {r.tokens_per_s / 1e6:8.2f} {r.bytes_per_s / 1e9:7.0f} {diff:>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,12 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
     p.add_argument("--packed", nargs=2, type=int, default=list(PACKED), metavar=("SEQUENCES", "TOKENS"))
     p.add_argument("--splits", nargs="*", default=["auto", "0"], help="labkit split values; 'auto' = its choice")
+    p.add_argument("--variants", nargs="*", default=["default"], help=f"kernel forms: {', '.join(VARIANTS)}")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--name", help="also write data/bench/<gpu>/<name>.json")
     args = p.parse_args(argv)
     splits = tuple(None if s == "auto" else int(s) for s in args.splits)
-    rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), splits, reps=args.reps, with_fla=not args.no_fla)
+    rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), splits, reps=args.reps, with_fla=not args.no_fla,
+                             variants=tuple(args.variants))
     print_rows(rows)
     if args.name:
         import shlex

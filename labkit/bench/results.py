@@ -87,3 +87,34 @@ def update_readme(readme: Path, docs: list[dict]) -> None:
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
     readme.write_text(f"{head}{README_BEGIN}\n{markdown_table(docs)}\n{README_END}{tail}")
+
+
+def plot_prefill_file(path: Path, *more: Path) -> Path:
+    """Prefill ms against prompt length (:func:`labkit.plots.prefill_vs_length`) from the prefill rows
+    of the results file ``path`` and of ``more`` files, drawn to ``path`` with a .png suffix; the
+    title names the GPU and the files' dates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..plots import prefill_vs_length
+
+    missing = [str(p) for p in more if not Path(p).exists()]
+    if missing:  # a peer's run that did not finish: plot what there is, and say so
+        print(f"plot: left out missing results files {missing}")
+    docs = [json.loads(Path(p).read_text()) for p in (path, *more) if Path(p).exists()]
+    rows = [r for d in docs if d.get("kind") == "prefill" for r in d["results"]]
+    models = sorted({r["model"] for r in rows})
+    if not models:
+        raise ValueError(f"no prefill rows in {[str(p) for p in (path, *more)]}")
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        prefill_vs_length([r for r in rows if r["model"] == m], ax=ax, title=m)
+    dates = sorted({d["date"][:10] for d in docs})
+    fig.suptitle(f"prefill, batch 1: {docs[0].get('gpu') or 'CPU'} ({', '.join(dates)})", fontsize=10)
+    fig.tight_layout()
+    out = Path(path).with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -32,6 +32,18 @@ products folded into the state walk, so chunk states never go through memory):
   checkpoints and the final state. Value columns are independent, so the blocks need no
   coordination.
 
+Two other forms of the same two steps, chosen by ``prepare`` and ``defer_outputs`` (the benchmark
+picks the defaults, ``PREPARE`` and ``DEFER_OUTPUTS``):
+
+- ``prepare="split"``: ``_solve_kernel`` forms L whole (one [C, K] x [K, C] product), parks it in
+  an X buffer and inverts it block by block from there (no key tile stays live through the solve,
+  which is what makes the fused kernel spill), then ``_products_kernel`` forms W, U0 and P, each
+  by its own program (grid (chunk slots, Hv, 3)), from the stored X and G.
+- ``defer_outputs``: the walk keeps only the two products the recurrence needs (U = U0 - W S and
+  the state update) and stores each chunk's start state S0 and deltas U in the input dtype (the
+  rounding the output products would apply anyway); ``_output_kernel`` then forms every chunk's
+  outputs in parallel. The sequential part halves, for a [chunks, Hv, K, V] buffer of states.
+
 At batch 1 (16 heads x 128 columns) that is 64 sequential programs for 132 SMs. The state update
 is affine in S, S_end = A S_start + B over any stretch of tokens, so a long sequence is also cut
 into segments of ``split`` chunks:
@@ -91,6 +103,18 @@ MAX_HEAD_DIM = 256
 # A segment shorter than this many chunks does not repay the combine's per-segment [K, K] product
 # (a guess until the benchmark sweeps it on the GPU).
 MIN_SEGMENT_CHUNKS = 8
+PREPARE_KINDS = ("fused", "split")
+# The defaults (see chunk_delta_rule's ``prepare`` and ``defer_outputs``): the split prepare (no
+# spills on sm_90, where the fused one spills at 255 registers) and the walk without the output
+# products (half its sequential work; fla's layout). Chosen from the compiler's register counts and
+# the walk's critical path, before an H200 timed them: python -m labkit.bench.gdn_prefill --variants
+# times every form beside fla, and these two lines are what to change if it disagrees.
+PREPARE = "split"
+DEFER_OUTPUTS = True
+# On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
+# 2026-12-01, with the walk that writes the outputs): off unless asked for (split=N, or this flag).
+SPLIT_BY_DEFAULT = False
+OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
 
 
 # -- device helpers ---------------------------------------------------------------------------------
@@ -325,14 +349,154 @@ def _prepare_kernel(
                        HK, HV, DK, DV, BLOCK_K, BLOCK_DV, KC, VC, SUB, DT, DOT_F32, EMULATE_RTNE)
 
 
+# -- kernel A split in two: the triangular solve, then the products (lower register pressure) --------
+@device_function
+def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
+                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored float32
+    as x[t0 + row, hv, column] (rows past n are not written).
+
+    L is formed whole, by one [C, K] x [K, C] product, and parked in x (this program's own rows):
+    the solve then reads it back one 16 x 16 block at a time, so that no key tile stays live
+    through the solve (the fused kernel's register pressure). Row block i of X replaces row block
+    i of L once every thread has read the latter (a barrier: the same program's threads)."""
+    C: tl.constexpr = 4 * SUB
+    hk = hv // (HV // HK)
+    kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    x_at = _at(x_ptr, t0, HV, hv, C)
+    r = tl.arange(0, C)
+    rm = r < n
+    G, beta, _ = _gates(_at(g_ptr, t0, HV, hv, 1), _at(beta_ptr, t0, HV, hv, 1), _at(gcum_ptr, t0, HV, hv, 1),
+                        r, rm, 0.0, HV)
+    kt = _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+    F32: tl.constexpr = tl.float32
+    _store_tile(x_at, r, rm, HV * C, r, r < C, beta[:, None] * _decayed(kt, kt, G, G, 1, DOT_F32), F32, EMULATE_RTNE)
+    tl.debug_barrier()
+    r0 = tl.arange(0, SUB)
+    r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
+    m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
+    full = r0 < SUB
+    X00 = _invert_unit_lower(_tile(x_at, r0, m0, HV * C, r0, full))
+    tl.debug_barrier()
+    _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
+    X11 = _invert_unit_lower(_tile(x_at, r1, m1, HV * C, r1, full))
+    X10 = -_mm32(X11, _mm32(_tile(x_at, r1, m1, HV * C, r0, full), X00, True), True)
+    tl.debug_barrier()
+    _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
+    _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
+    L21 = _tile(x_at, r2, m2, HV * C, r1, full)
+    X22 = _invert_unit_lower(_tile(x_at, r2, m2, HV * C, r2, full))
+    X21 = -_mm32(X22, _mm32(L21, X11, True), True)
+    X20 = -_mm32(X22, _mm32(_tile(x_at, r2, m2, HV * C, r0, full), X00, True) + _mm32(L21, X10, True), True)
+    tl.debug_barrier()
+    _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
+    _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
+    _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
+    L31 = _tile(x_at, r3, m3, HV * C, r1, full)
+    L32 = _tile(x_at, r3, m3, HV * C, r2, full)
+    X33 = _invert_unit_lower(_tile(x_at, r3, m3, HV * C, r3, full))
+    X32 = -_mm32(X33, _mm32(L32, X22, True), True)
+    X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
+    X30 = -_mm32(X33, _mm32(_tile(x_at, r3, m3, HV * C, r0, full), X00, True) + _mm32(L31, X10, True)
+                 + _mm32(L32, X20, True), True)
+    tl.debug_barrier()
+    _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
+
+
+@triton.jit
+def _solve_kernel(
+    k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, num_seqs,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (chunk slots, HV): G and X of one chunk of one value head (the first half of
+    ``_prepare_kernel``'s work)."""
+    C: tl.constexpr = 4 * SUB
+    seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
+    t0 = bos + c * C
+    n = tl.minimum(eos - t0, C)
+    if n > 0:
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
+                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
+
+
+@triton.jit
+def _products_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, w_ptr, u_ptr, p_ptr, num_seqs, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (chunk slots, HV, 3): from the stored X and G, one of W = X diag(beta e^G) K (part 0),
+    U0 = X diag(beta) V (part 1), P = M o (Q K^T) / sqrt(K) (part 2), each by its own program."""
+    C: tl.constexpr = 4 * SUB
+    seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
+    hv = tl.program_id(1)
+    part = tl.program_id(2)
+    t0 = bos + c * C
+    n = tl.minimum(eos - t0, C)
+    if n > 0:
+        hk = hv // (HV // HK)
+        kk = tl.arange(0, BLOCK_K)
+        kmask = kk < DK
+        k_at = _at(k_ptr, t0, HK, hk, DK)
+        gcum_at = _at(gcum_ptr, t0, HV, hv, 1)
+        if part == 2:
+            r = tl.arange(0, C)
+            rm = r < n
+            G = tl.load(gcum_at + r * HV, mask=rm, other=0.0)
+            P = _decayed(_tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask),
+                         _tile(k_at, r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32)
+            _store_tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, P * scale, DT, EMULATE_RTNE)
+        else:
+            x_at = _at(x_ptr, t0, HV, hv, C)
+            beta_at = _at(beta_ptr, t0, HV, hv, 1)
+            r0 = tl.arange(0, SUB)
+            r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
+            m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
+            full = r0 < SUB
+            X00 = _tile(x_at, r0, m0, HV * C, r0, full)
+            X10 = _tile(x_at, r1, m1, HV * C, r0, full)
+            X11 = _tile(x_at, r1, m1, HV * C, r1, full)
+            X20 = _tile(x_at, r2, m2, HV * C, r0, full)
+            X21 = _tile(x_at, r2, m2, HV * C, r1, full)
+            X22 = _tile(x_at, r2, m2, HV * C, r2, full)
+            X30 = _tile(x_at, r3, m3, HV * C, r0, full)
+            X31 = _tile(x_at, r3, m3, HV * C, r1, full)
+            X32 = _tile(x_at, r3, m3, HV * C, r2, full)
+            X33 = _tile(x_at, r3, m3, HV * C, r3, full)
+            b0 = tl.load(beta_at + r0 * HV, mask=m0, other=0.0).to(tl.float32)
+            b1 = tl.load(beta_at + r1 * HV, mask=m1, other=0.0).to(tl.float32)
+            b2 = tl.load(beta_at + r2 * HV, mask=m2, other=0.0).to(tl.float32)
+            b3 = tl.load(beta_at + r3 * HV, mask=m3, other=0.0).to(tl.float32)
+            if part == 0:
+                e0 = tl.exp(tl.load(gcum_at + r0 * HV, mask=m0, other=0.0))
+                e1 = tl.exp(tl.load(gcum_at + r1 * HV, mask=m1, other=0.0))
+                e2 = tl.exp(tl.load(gcum_at + r2 * HV, mask=m2, other=0.0))
+                e3 = tl.exp(tl.load(gcum_at + r3 * HV, mask=m3, other=0.0))
+                _solve_rows(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, n,
+                            X00, X10, X11, X20, X21, X22, X30, X31, X32, X33,
+                            b0 * e0, b1 * e1, b2 * e2, b3 * e3, SUB, DT, DOT_F32, EMULATE_RTNE)
+            else:
+                _solve_rows(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV,
+                            BLOCK_DV, VC, n, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33,
+                            b0, b1, b2, b3, SUB, DT, DOT_F32, EMULATE_RTNE)
+
+
 # -- the state walk ---------------------------------------------------------------------------------
 @device_function
 def _advance(S, t0, end, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_ptr,
              kk, kmask, cols, vmask, umask, scale,
              HK, HV, DK, DV, C: tl.constexpr, OUTPUTS: tl.constexpr, DT: tl.constexpr,
-             DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+             DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, unew_ptr, STORE_U: tl.constexpr):
     """The state columns S [BLOCK_K, BLOCK_V] after the chunk [t0, min(t0 + C, end)); writes the
-    chunk's outputs in those columns when OUTPUTS. U0 is read where ``umask`` (else taken as 0).
+    chunk's outputs in those columns when OUTPUTS, its deltas U (in DT, to ``unew_ptr``, laid out
+    like u) when STORE_U. U0 is read where ``umask`` (else taken as 0).
 
     The decays go on the small side of each product (rows of Q S, rows of U), so that Q, K and W
     enter the products as loaded, in the input dtype: no float32 copy of a [C, K] tile.
@@ -346,6 +510,8 @@ def _advance(S, t0, end, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_
     W = _tile(_at(w_ptr, t0, HV, hv, DK), r, rm, HV * DK, kk, kmask)
     U = _tile(_at(u_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, umask).to(tl.float32)
     U = U - _mm(W, S, DT, DOT_F32, EMULATE_RTNE)
+    if STORE_U:
+        _store_tile(_at(unew_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, U, DT, EMULATE_RTNE)
     if OUTPUTS:
         q = _tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
         P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
@@ -375,17 +541,20 @@ def _state_at(ptr, row, hv, HV, DK, DV):
 @triton.jit
 def _walk_kernel(
     q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, cu_ptr, start_ptr, o_ptr, final_ptr, ckpt_ptr,
+    unew_ptr, states_ptr,
     num_seqs, seg_tokens, ckpt_every, ckpt_rows, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
-    SEGMENTED: tl.constexpr, HAS_START: tl.constexpr, CHECKPOINTS: tl.constexpr,
+    SEGMENTED: tl.constexpr, HAS_START: tl.constexpr, CHECKPOINTS: tl.constexpr, DEFER_OUTPUTS: tl.constexpr,
     DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (sequences or segment slots, HV, value blocks): outputs, checkpoints, final state.
 
     SEGMENTED: unit is a segment slot, started from the combine's start states (start_ptr, one
     row per slot); else unit is a sequence, started from its initial state (start_ptr, one row
-    per sequence) or zero.
+    per sequence) or zero. DEFER_OUTPUTS: instead of the outputs, each chunk's start state (in DT,
+    states_ptr, one row per chunk slot) and deltas (unew_ptr) go to memory, for ``_output_kernel``:
+    the sequential walk is left two of its four products.
     """
     unit = tl.program_id(0)
     hv = tl.program_id(1)
@@ -410,16 +579,50 @@ def _walk_kernel(
         # checkpoints of earlier sequences come first in the buffer
         i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
         base = tl.sum(tl.where(i < seq, (eos_i - bos_i) // ckpt_every, 0), 0)
+    if DEFER_OUTPUTS:  # chunk slots of earlier sequences come first (the order _locate counts them in)
+        i2, bos2, eos2 = _lengths(cu_ptr, num_seqs, BLOCK_N)
+        first_chunk = tl.sum(tl.where(i2 < seq, tl.cdiv(eos2 - bos2, C), 0), 0)
     for t0 in range(start, stop, C):
+        if DEFER_OUTPUTS:
+            slot = first_chunk + (t0 - bos) // C
+            tl.store(_state_at(states_ptr, slot, hv, HV, DK, DV) + s_offs, cast(S, DT, EMULATE_RTNE), mask=smask)
         S = _advance(S, t0, stop, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_ptr,
-                     kk, kmask, cols, vmask, vmask, scale, HK, HV, DK, DV, C, True, DT, DOT_F32,
-                     EMULATE_RTNE)
+                     kk, kmask, cols, vmask, vmask, scale, HK, HV, DK, DV, C, not DEFER_OUTPUTS, DT, DOT_F32,
+                     EMULATE_RTNE, unew_ptr, DEFER_OUTPUTS)
         if CHECKPOINTS:
             done = t0 + C - bos  # tokens of the sequence behind this state (a whole chunk: N % C == 0)
             row = base + done // ckpt_every - 1
             keep = (done % ckpt_every == 0) & (t0 + C <= eos) & (row < ckpt_rows)
             tl.store(_state_at(ckpt_ptr, row, hv, HV, DK, DV) + s_offs, S, mask=smask & keep)
     tl.store(_state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs, S, mask=smask & live & (stop == eos))
+
+
+@triton.jit
+def _output_kernel(
+    q_ptr, p_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, num_seqs, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
+    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (chunk slots, HV, value blocks), all in parallel after a DEFER_OUTPUTS walk:
+    O = diag(exp(G)) Q S0 / sqrt(K) + P U of one chunk, from its start state S0 and deltas U."""
+    unit = tl.program_id(0)
+    hv = tl.program_id(1)
+    seq, c, bos, eos = _locate(cu_ptr, unit, num_seqs, C, BLOCK_N)
+    t0 = bos + c * C
+    n = tl.minimum(eos - t0, C)
+    if n > 0:
+        hk = hv // (HV // HK)
+        kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
+        S = tl.load(_state_at(states_ptr, unit, hv, HV, DK, DV) + s_offs, mask=smask, other=0.0)
+        r = tl.arange(0, C)
+        rm = r < n
+        G = tl.load(_at(gcum_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0)
+        q = _tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+        P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
+        U = _tile(_at(unew_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask)
+        O = (tl.exp(G) * scale)[:, None] * _mm(q, S, DT, DOT_F32, EMULATE_RTNE) + _mm(P, U, DT, DOT_F32, EMULATE_RTNE)
+        _store_tile(_at(o_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
 
 
 # -- the sequence split: segment transitions and their scan -----------------------------------------
@@ -453,7 +656,7 @@ def _transition_kernel(
     for t0 in range(start, tl.where(needed, stop, start), C):
         S = _advance(S, t0, stop, hv, hk, k_ptr, k_ptr, w_ptr, u_ptr, k_ptr, gcum_ptr, k_ptr,
                      kk, kmask, cols, cmask, cmask & (~is_a), 0.0, HK, HV, DK, DV, C, False,
-                     DT, DOT_F32, EMULATE_RTNE)
+                     DT, DOT_F32, EMULATE_RTNE, k_ptr, False)
     WIDTH: tl.constexpr = DV + DK
     dst = trans_ptr + (unit.to(tl.int64) * HV + hv) * DK * WIDTH
     tl.store(dst + kk[:, None] * WIDTH + (tl.where(is_a, DV, 0) + cols)[None, :], S,
@@ -569,6 +772,10 @@ def chunk_delta_rule(
     block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 2,
+    prepare: str | None = None,
+    prepare_warps: int | None = None,
+    defer_outputs: bool | None = None,
+    output_block_v: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`.
@@ -586,10 +793,15 @@ def chunk_delta_rule(
         ``every``, a multiple of the chunk size (64): the state after every ``every`` tokens of each
         sequence (see :func:`num_checkpoints` for the layout), counted from this call's first token.
     split: chunks per segment of the sequence split (module docstring); 0 never splits; None
-        lets :func:`prefill_split` decide.
+        lets :func:`prefill_split` decide where ``SPLIT_BY_DEFAULT``, else no split.
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
         warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
         without spills on sm_90: python -m labkit.compile_check_prefill).
+    prepare: "fused" (one kernel for the intra-chunk quantities) or "split" (the triangular solve,
+        then W, U0 and P by separate programs); None: ``PREPARE``. prepare_warps: their warps.
+    defer_outputs: the walk leaves the outputs to a parallel kernel (it stores each chunk's start
+        state and deltas instead); None: ``DEFER_OUTPUTS``. output_block_v: that kernel's value
+        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -654,8 +866,10 @@ def chunk_delta_rule(
         raise ValueError(f"block_v must be a power of two >= 16, got {block_v}")
     v_blocks = cdiv(V, block_v)
     total = B * T
+    if prepare not in (None, *PREPARE_KINDS):
+        raise ValueError(f"prepare must be one of {PREPARE_KINDS} or None, got {prepare!r}")
     if split is None:
-        split = prefill_split(N, Hv, v_blocks, total)
+        split = prefill_split(N, Hv, v_blocks, total) if SPLIT_BY_DEFAULT else 0
     if not isinstance(split, int) or split < 0:
         raise ValueError(f"split must be a number of chunks >= 0 (0: no split), got {split!r}")
 
@@ -678,11 +892,25 @@ def chunk_delta_rule(
     gcum = torch.empty(total, Hv, dtype=torch.float32, device=device)
     chunk_slots = _units(total, B, T, N, CHUNK, varlen)
     block_dv = max(16, next_pow2(V))
-    _prepare_kernel[(chunk_slots, Hv)](
-        q, k, v, g, beta, cu_seqlens, w, u, p, gcum, N, scale,
-        HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
-        BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=8 if block_k >= 128 else 4,
-    )
+    prepare = prepare or PREPARE
+    prepare_warps = prepare_warps or (8 if block_k >= 128 else 4)
+    if prepare == "fused":
+        _prepare_kernel[(chunk_slots, Hv)](
+            q, k, v, g, beta, cu_seqlens, w, u, p, gcum, N, scale,
+            HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
+            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=prepare_warps,
+        )
+    else:
+        x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
+        _solve_kernel[(chunk_slots, Hv)](
+            k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
+            DT=tl_dtype, **flags, num_warps=prepare_warps,
+        )
+        _products_kernel[(chunk_slots, Hv, 3)](
+            q, k, v, beta, cu_seqlens, x, gcum, w, u, p, N, scale,
+            HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
+            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=prepare_warps,
+        )
 
     common = dict(HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_N=block_n)
     if split:
@@ -703,10 +931,23 @@ def chunk_delta_rule(
     else:
         seg_tokens, start, grid0 = total, initial_state, N
     ckpt_rows = 0 if checkpoints is None else checkpoints.shape[0]
+    defer = DEFER_OUTPUTS if defer_outputs is None else bool(defer_outputs)
+    unew = states = None
+    if defer:
+        unew = torch.empty(total, Hv, V, dtype=dtype, device=device)
+        states = torch.empty(chunk_slots, Hv, K, V, dtype=dtype, device=device)
     _walk_kernel[(grid0, Hv, v_blocks)](
-        q, k, w, u, p, gcum, cu_seqlens, start, out, final_state, checkpoints, N, seg_tokens,
+        q, k, w, u, p, gcum, cu_seqlens, start, out, final_state, checkpoints, unew, states, N, seg_tokens,
         checkpoint_every or CHUNK, ckpt_rows, scale, HK=Hk, C=CHUNK, SEGMENTED=bool(split),
-        HAS_START=start is not None, CHECKPOINTS=checkpoints is not None, DT=tl_dtype, **flags, **common,
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_START=start is not None, CHECKPOINTS=checkpoints is not None, DEFER_OUTPUTS=defer, DT=tl_dtype,
+        **flags, **common, num_warps=num_warps, num_stages=num_stages,
     )
+    if defer:
+        out_block_v = output_block_v or min(OUTPUT_BLOCK_V, max(16, next_pow2(V)))
+        if out_block_v < 16 or out_block_v & (out_block_v - 1):
+            raise ValueError(f"output_block_v must be a power of two >= 16, got {out_block_v}")
+        _output_kernel[(chunk_slots, Hv, cdiv(V, out_block_v))](
+            q, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
+            **{**common, "BLOCK_V": out_block_v}, num_warps=4,
+        )
     return out, final_state

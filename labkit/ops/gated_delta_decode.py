@@ -206,11 +206,12 @@ class GdnWorkspace:
 def gdn_block_v(batch: int, dims: GdnDims) -> int:
     """Value columns per program.
 
-    Measured on the H200 (notebook 02; data/bench/nvidia-h200/fused-ops.json, "gdn_block_v"), for
+    Measured on the H200 (notebook 02; data/bench/nvidia-h200/fusion-evidence.json, "block_v"), for
     128 x 128 heads: blocks of 16-32 columns (8-16 KB of float32 state per program) beat finer
     splits, which repeat the per-head work (gates, q/k norms) in more programs, and whole heads,
-    whose 64 KB of state leaves room for few programs per SM. So: 32 columns where that still
-    gives ~2 programs per SM, else 16.
+    which at batch 1 launch one program per head (16 on 132 SMs). Whole heads also spill a few
+    registers, yet at batch 16 (256 programs) they match the best: the grid is what costs. So: 32
+    columns where that still gives ~2 programs per SM, else 16.
     """
     whole = next_pow2(dims.v_head_dim)
     if interpreting():

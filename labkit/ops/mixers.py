@@ -35,6 +35,7 @@ functions, so nothing here is restated elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -132,33 +133,102 @@ def attend_causal(
 
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # delta_rule_ref's signature
 Attend = Callable[..., torch.Tensor]  # attend_ref's signature
+Conv = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # causal_conv_ref's signature
 
 
 @dataclass(frozen=True)
 class MixerCores:
-    """The inner computations of the mixers, replaceable by other implementations of the same function.
+    """The inner computations of the blocks, replaceable by other implementations of the same function.
 
     ``delta_rule(q, k, v, g, beta, state) -> (o, final state)`` as :func:`~labkit.ops.delta_rule.delta_rule_ref`
-    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`.
+    (an implementation may return ``state`` itself, updated in place); ``attend`` as :func:`attend_ref`;
+    ``gdn_inputs`` as :func:`gdn_inputs_ref` (it may return q, k, v in the projection's dtype: the
+    delta rule takes them in that dtype); ``gated_norm`` as
+    :func:`~labkit.ops.norm.gated_rms_norm_ref`; ``short_conv`` as :func:`short_conv_ref`;
+    ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
+    ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``norm_rope`` as :func:`norm_rope_ref`
+    (attention's q and k before the core); ``conv(x, weight, state) -> (y, new state)`` as
+    :func:`~labkit.ops.causal_conv.causal_conv_ref`, the depthwise causal conv inside the reference
+    ``short_conv`` and ``gdn_inputs`` (the prefix cache wraps it to read the conv windows at block
+    boundaries; left out, those two references use it).
     """
 
     delta_rule: DeltaRule = delta_rule_ref
     attend: Attend = attend_ref
+    gdn_inputs: Callable[..., tuple] = None  # type: ignore[assignment]  # gdn_inputs_ref, set below
+    gated_norm: Callable[..., torch.Tensor] = gated_rms_norm_ref
+    short_conv: Callable[..., tuple] = None  # type: ignore[assignment]  # short_conv_ref, set below
+    rms_norm: Callable[..., torch.Tensor] = rms_norm_ref
+    swiglu: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # swiglu_ref, set below
+    norm_rope: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # norm_rope_ref, set below
+    conv: Conv = causal_conv_ref
+
+    def __post_init__(self) -> None:
+        # the references are defined below this class: fill them in where left out
+        if self.gdn_inputs is None:
+            object.__setattr__(self, "gdn_inputs", gdn_inputs_ref if self.conv is causal_conv_ref
+                               else partial(gdn_inputs_ref, conv=self.conv))
+        if self.short_conv is None:
+            object.__setattr__(self, "short_conv", short_conv_ref if self.conv is causal_conv_ref
+                               else partial(short_conv_ref, conv=self.conv))
+        if self.swiglu is None:
+            object.__setattr__(self, "swiglu", swiglu_ref)
+        if self.norm_rope is None:
+            object.__setattr__(self, "norm_rope", norm_rope_ref)
 
 
-REFERENCE_CORES = MixerCores()
+def norm_rope_ref(
+    x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, eps: float,
+    unit_offset: bool,
+) -> torch.Tensor:
+    """Attention's q or k before the core: rope(rmsnorm(x)) per head, x [B, T, H, hd] (the norm's
+    result in x's dtype, then rotated at ``positions`` [B, T])."""
+    return rope_ref(rms_norm_ref(x, weight, eps, unit_offset), positions, inv_freq)
+
+
+def swiglu_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation: silu(gate) * up for ``gate_up`` [..., 2W] = gate | up, in its dtype
+    (silu's result rounded to it before the product, as torch's ops on the dtype do)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def short_conv_ref(
-    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor
+    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, conv: Conv = causal_conv_ref
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LFM2's gated short conv: (y [B, T, H] in proj's dtype, new state [B, K-1, H]).
 
     ``proj`` [B, T, 3H]; ``state`` [B, K-1, H] (None: zeros) is not modified; ``weight`` [H, K].
     """
     b, c, x = proj.chunk(3, dim=-1)
-    y, new_state = causal_conv_ref(b * x, weight, state)
+    y, new_state = conv(b * x, weight, state)
     return (c.float() * y).to(proj.dtype), new_state
+
+
+def gdn_inputs_ref(
+    proj: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    dims: GdnDims,
+    conv: Conv = causal_conv_ref,
+) -> tuple[torch.Tensor, ...]:
+    """What the delta rule takes, from the projection: (q, k [B, T, nk, dk] and v [B, T, nv, dv] in
+    float32, g and beta [B, T, nv] float32, z [B, T, nv, dv] (a view of ``proj``), new conv state).
+    ``conv_state`` [B, KW-1, C] (None: zeros) is not modified."""
+    B, T, _ = proj.shape
+    nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
+    qkv, z, b, a = proj.split(dims.proj_sizes, dim=-1)
+    qkv, new_conv_state = conv(qkv, conv_weight, conv_state)
+    qkv = F.silu(qkv)
+    q, k, v = qkv.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
+    q = l2_norm_ref(q.reshape(B, T, nk, dk))
+    k = l2_norm_ref(k.reshape(B, T, nk, dk))
+    v = v.reshape(B, T, nv, dv)
+    beta = torch.sigmoid(b.float())
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return q, k, v, g, beta, z.reshape(B, T, nv, dv), new_conv_state
 
 
 def gated_deltanet_ref(
@@ -172,26 +242,21 @@ def gated_deltanet_ref(
     dims: GdnDims,
     eps: float,
     delta_rule: DeltaRule = delta_rule_ref,
+    cores: "MixerCores | None" = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gated DeltaNet after in_proj: (y [B, T, nv*dv] in proj's dtype, new conv state, new float32 state).
 
     ``proj`` [B, T, P]; ``conv_state`` [B, KW-1, C] and ``state`` [B, nv, dk, dv] (None: zeros) are
     not modified by the reference ``delta_rule`` (another one may update ``state`` in place and
-    return it).
+    return it). ``cores``: other implementations of the inputs, the delta rule and the gated norm
+    (its delta rule overrides ``delta_rule``).
     """
     B, T, _ = proj.shape
-    nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
-    qkv, z, b, a = proj.split(dims.proj_sizes, dim=-1)
-    qkv, new_conv_state = causal_conv_ref(qkv, conv_weight, conv_state)
-    qkv = F.silu(qkv)
-    q, k, v = qkv.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=-1)
-    q = l2_norm_ref(q.reshape(B, T, nk, dk))
-    k = l2_norm_ref(k.reshape(B, T, nk, dk))
-    v = v.reshape(B, T, nv, dv)
-    beta = torch.sigmoid(b.float())
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    o, new_state = delta_rule(q, k, v, g, beta, state)
-    o = gated_rms_norm_ref(o, z.reshape(B, T, nv, dv), norm_weight, eps)
+    if cores is None:
+        cores = MixerCores(delta_rule=delta_rule)
+    q, k, v, g, beta, z, new_conv_state = cores.gdn_inputs(proj, conv_state, conv_weight, A_log, dt_bias, dims)
+    o, new_state = cores.delta_rule(q, k, v, g, beta, state)
+    o = cores.gated_norm(o, z, norm_weight, eps)
     return o.reshape(B, T, dims.value_dim).to(proj.dtype), new_conv_state, new_state
 
 
@@ -207,6 +272,7 @@ def attention_ref(
     eps: float,
     unit_offset: bool,
     attend: Attend = attend_ref,
+    norm_rope: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention after the qkv projection: y [B, T, nh*hd] in proj's dtype.
 
@@ -218,8 +284,9 @@ def attention_ref(
     B, T, _ = proj.shape
     nh, nkv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
     parts = proj.split(dims.proj_sizes, dim=-1)
-    q = rope_ref(rms_norm_ref(parts[0].reshape(B, T, nh, hd), q_norm_weight, eps, unit_offset), positions, inv_freq)
-    k = rope_ref(rms_norm_ref(parts[1].reshape(B, T, nkv, hd), k_norm_weight, eps, unit_offset), positions, inv_freq)
+    norm_rope = norm_rope or norm_rope_ref
+    q = norm_rope(parts[0].reshape(B, T, nh, hd), q_norm_weight, positions, inv_freq, eps, unit_offset)
+    k = norm_rope(parts[1].reshape(B, T, nkv, hd), k_norm_weight, positions, inv_freq, eps, unit_offset)
     v = parts[2].reshape(B, T, nkv, hd)
     if keys is None:
         keys, values, key_pos = k.transpose(1, 2), v.transpose(1, 2), positions
@@ -232,3 +299,6 @@ def attention_ref(
     if dims.output_gate:
         out = out * torch.sigmoid(parts[3])
     return out
+
+
+REFERENCE_CORES = MixerCores()

@@ -120,3 +120,29 @@ def test_agrees_with_fla():
     o, s = chunk_delta_rule(q, k, v, g, beta, state)
     o_fla, s_fla = fla.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True)
     assert rel_err(o, o_fla) < BOUND and rel_err(s, s_fla) < BOUND
+
+
+@pytest.mark.parametrize("variant", [dict(prepare="split"), dict(defer_outputs=True),
+                                     dict(prepare="fused", defer_outputs=False),
+                                     dict(prepare="split", defer_outputs=True, block_v=16)],
+                         ids=["split-prepare", "deferred-outputs", "fused-walk-outputs", "both-bv16"])
+def test_variants_on_packed_prompts(variant):
+    """The kernel's forms (the default and the others): packed prompts, checkpoints, with and without the split."""
+    every = 256
+    q, k, v, g, beta, state = _inputs(sum(LENGTHS), seed=3, sequences=len(LENGTHS))
+    cu = torch.tensor([0] + LENGTHS, device="cuda").cumsum(0).to(torch.int32)
+    for split in (0, 4):
+        ckpt = torch.full((num_checkpoints(LENGTHS, every), H, D, D), float("nan"), device="cuda")
+        out = torch.full_like(v, float("nan"))
+        o, s = chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, checkpoints=ckpt, checkpoint_every=every,
+                                split=split, out=out, **variant)
+        t = row = 0
+        for i, n in enumerate(LENGTHS):
+            part = [x[:, t:t + n] for x in (q, k, v, g, beta)]
+            o_ref, s_ref = _ref(*part, state[i:i + 1])
+            assert rel_err(o[:, t:t + n], o_ref) < BOUND and rel_err(s[i:i + 1], s_ref) < BOUND, (split, i)
+            row += n // every
+            if n >= every:
+                _, s_pos = _ref(*(x[:, :every] for x in part), state[i:i + 1])
+                assert rel_err(ckpt[row - n // every:row - n // every + 1], s_pos) < BOUND, (split, i)
+            t += n

@@ -1,0 +1,318 @@
+"""``python -m labkit bench cache``: the exact prefix cache measured, into data/bench/<gpu>/<name>.json.
+
+Three experiments, each row checked against the run without a prefix cache:
+
+- ``ttft``: one shared prefix + a fresh suffix per request, batch 1. Time to first token as
+  ``labkit.generate`` reports it (host clock, device synchronised, prefill + first token) without a
+  prefix cache, on the first request (a miss that stores the snapshots), on the first hit (with
+  ``fused+graph``: captures the tail's prefill) and on later hits (median); the greedy tokens of every
+  hit are compared with the run without a cache. A prefix shorter than one block is one of the cases.
+- ``workload``: the request streams of :mod:`labkit.workloads` (shared system prompt, multi-turn
+  chats, unrelated prompts) run in order through one PrefixCache per (policy, budget): token hit
+  rate, the ceiling an unbounded cache would reach, TTFT, evictions, token mismatches.
+- ``precision``: a bf16 snapshot of the GDN states against float32 (:mod:`labkit.snapshot_precision`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import workloads as wl
+from ..backends import pooled_decoder
+from ..generate import _sync, generate
+from ..model import HybridLM
+from ..prefix_cache import PrefixCache
+from ..snapshot_precision import snapshot_precision
+
+
+@dataclass
+class TtftRow:
+    experiment: str
+    model: str
+    backend: str
+    block_size: int
+    prefix: int
+    suffix: int
+    restored: int  # tokens a hit restored
+    ttft_nocache_ms: float
+    ttft_miss_ms: float  # the first request: nothing to restore, snapshots stored
+    ttft_first_hit_ms: float
+    ttft_hit_ms: float  # median of the later hits
+    hit_prefill_ms: float  # PrefixCache.prefill alone on a hit (restore + the tail), median, synchronised
+    # last-token logits against the one-shot prefill of the whole prompt (relative): with a hit, and
+    # without a cache but prefilled in the same two pieces (prefix, then the rest): the rounding of
+    # the split alone, what a hit cannot do better than
+    logit_err_hit: float
+    logit_err_split: float
+    speedup: float  # no cache / hit
+    mismatches: int  # hits whose greedy tokens differ from the run without a cache
+    hits: int
+    snapshots: int
+    snapshot_bytes: int  # bytes the cache holds after the run
+    error: str | None = None
+
+
+@dataclass
+class WorkloadRow:
+    experiment: str
+    model: str
+    backend: str
+    workload: str
+    policy: str  # eviction policy, "+ends" for Marconi-style admission (labkit.PrefixCache's admission)
+    budget_bytes: int
+    budget_snapshots: float  # the budget in snapshots of one block
+    block_size: int
+    requests: int
+    prompt_tokens: int
+    restored_tokens: int
+    hit_rate: float  # restored / prompt tokens
+    ceiling_hit_rate: float  # what an unbounded cache restores on this stream
+    requests_hit: int
+    ttft_ms_median: float
+    ttft_ms_p95: float
+    ttft_nocache_ms_median: float
+    evictions: int
+    mismatches: int  # requests whose greedy tokens differ from the run without a cache
+    error: str | None = None
+
+
+@dataclass
+class PrecisionRow:
+    experiment: str
+    model: str
+    backend: str
+    prompt: int
+    steps: int
+    dtype: str
+    state_bytes_float32: int
+    state_bytes_rounded: int
+    rel_err: list[float] = field(default_factory=list)  # per decode step
+    max_rel_err: float = 0.0
+    argmax_agree: float = 0.0
+    first_divergence: int | None = None
+    error: str | None = None
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _ms(s: float) -> float:
+    return s * 1e3
+
+
+def _p95(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
+
+
+def _ids(tokens, device) -> torch.Tensor:
+    return torch.tensor([list(tokens)], dtype=torch.long, device=device)
+
+
+def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_size: int, repeats: int = 5,
+              new_tokens: int = 8, budget_bytes: int | None = None) -> TtftRow:
+    """TTFT without a cache and with hits on a shared ``prefix`` (module docstring)."""
+    vocab, device = model.cfg.vocab_size, model.device
+    reqs = wl.shared_prefix(repeats + 3, prefix, suffix, vocab, seed=prefix + suffix)
+    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 8, 0, 0, 0, 0)
+    try:
+        generate(model, _ids(reqs[0].tokens, device), new_tokens, backend=backend)  # warm-up: compile, capture
+        plain, want = [], []
+        for r in reqs:
+            out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend)
+            plain.append(out.ttft_s)
+            want.append(out.tokens)
+        need = (prefix + suffix) // block_size + 1
+        probe = PrefixCache(model, block_size, budget_bytes=2**62)
+        pc = PrefixCache(model, block_size, budget_bytes or need * probe.snapshot_bytes)
+        times, restored, mismatches, hits = [], 0, 0, 0
+        for i, r in enumerate(reqs):
+            out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend, prefix_cache=pc)
+            times.append(out.ttft_s)
+            restored = max(restored, out.prefix_hit)
+            if i:
+                hits += out.prefix_hit > 0
+                mismatches += not torch.equal(out.tokens, want[i])
+        row.restored, row.hits, row.mismatches = restored, hits, mismatches
+        decoder, _ = pooled_decoder(backend, model, 1, prefix + suffix + new_tokens)
+        alone = []
+        for r in reqs[1:]:
+            _sync(device)
+            t0 = time.perf_counter()
+            pc.prefill(decoder, _ids(r.tokens, device))
+            _sync(device)
+            alone.append(time.perf_counter() - t0)
+        row.hit_prefill_ms = _ms(statistics.median(alone))
+        ids = _ids(reqs[-1].tokens, device)
+        decoder.cache.reset()
+        whole = decoder.prefill(ids).float().clone()
+        decoder.cache.reset()
+        if restored:
+            decoder.prefill(ids[:, :restored])
+        split = decoder.prefill(ids[:, restored:]).float().clone()
+        hit = pc.prefill(decoder, ids).logits.float()
+        row.logit_err_hit, row.logit_err_split = _rel(hit, whole), _rel(split, whole)
+        row.ttft_nocache_ms = _ms(statistics.median(plain[1:]))
+        row.ttft_miss_ms, row.ttft_first_hit_ms = _ms(times[0]), _ms(times[1])
+        row.ttft_hit_ms = _ms(statistics.median(times[2:]))
+        row.speedup = row.ttft_nocache_ms / row.ttft_hit_ms
+        row.snapshots, row.snapshot_bytes = len(pc), pc.nbytes
+    except Exception as exc:  # noqa: BLE001 - a failed case is a row that says so
+        row.error = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+def workload_streams(vocab: int, scale: str) -> dict[str, list[wl.Request]]:
+    """The three streams at ``scale`` "gpu" (thousands of tokens) or "cpu" (tens)."""
+    if scale == "gpu":
+        return {
+            "shared-prefix": wl.shared_prefix(12, 2048, 64, vocab, seed=1),
+            "multi-turn": wl.multi_turn(4, 4, 768, 128, 128, vocab, seed=2),
+            "unrelated": wl.unrelated(8, 1024, vocab, seed=3),
+        }
+    return {
+        "shared-prefix": wl.shared_prefix(5, 40, 5, vocab, seed=1),
+        "multi-turn": wl.multi_turn(3, 3, 20, 6, 6, vocab, seed=2),
+        "unrelated": wl.unrelated(4, 24, vocab, seed=3),
+    }
+
+
+def run_workload(model: HybridLM, backend: str, name: str, requests: list[wl.Request], block_size: int,
+                 policies: list[str], budgets: list[float], new_tokens: int = 4) -> list[WorkloadRow]:
+    """Every (policy, budget in snapshots) on one stream, each against the stream without a cache."""
+    device = model.device
+    plain, want = [], []
+    generate(model, _ids(requests[0].tokens, device), new_tokens, backend=backend)  # warm-up
+    for r in requests:
+        out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend)
+        plain.append(out.ttft_s)
+        want.append(out.tokens)
+    prompt_tokens = sum(len(r) for r in requests)
+    ceiling = wl.reusable_tokens(requests, block_size) / prompt_tokens
+    snap = PrefixCache(model, block_size, budget_bytes=2**62).snapshot_bytes
+    rows = []
+    for budget in budgets:
+        for policy in policies:
+            row = WorkloadRow("workload", model.cfg.name, backend, name, policy, int(budget * snap), budget,
+                              block_size, len(requests), prompt_tokens, 0, 0.0, ceiling, 0, *[float("nan")] * 3, 0, 0)
+            try:
+                evict, _, admission = policy.partition("+")
+                pc = PrefixCache(model, block_size, row.budget_bytes, policy=evict, admission=admission or "every")
+                times = []
+                for r, w in zip(requests, want):
+                    out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend, prefix_cache=pc)
+                    times.append(out.ttft_s)
+                    row.restored_tokens += out.prefix_hit
+                    row.requests_hit += out.prefix_hit > 0
+                    row.mismatches += not torch.equal(out.tokens, w)
+                row.hit_rate = row.restored_tokens / prompt_tokens
+                row.ttft_ms_median, row.ttft_ms_p95 = _ms(statistics.median(times)), _ms(_p95(times))
+                row.ttft_nocache_ms_median = _ms(statistics.median(plain))
+                row.evictions = pc.evictions
+            except Exception as exc:  # noqa: BLE001
+                row.error = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+    return rows
+
+
+def measure_precision(model: HybridLM, backend: str, prompt: int, steps: int) -> PrecisionRow:
+    row = PrecisionRow("precision", model.cfg.name, backend, prompt, steps, "bfloat16", 0, 0)
+    try:
+        ids = torch.randint(0, model.cfg.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0))
+        r = snapshot_precision(model, ids, steps, torch.bfloat16, backend)
+        row.state_bytes_float32, row.state_bytes_rounded = r.state_bytes_float32, r.state_bytes_rounded
+        row.rel_err, row.max_rel_err = r.rel_err, max(r.rel_err)
+        row.argmax_agree, row.first_divergence = r.argmax_agree, r.first_divergence
+    except Exception as exc:  # noqa: BLE001
+        row.error = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+def print_row(r) -> None:
+    if r.error:
+        print(f"{r.experiment:>9} {r.model:>14} {r.backend:>12} FAILED {r.error}")
+    elif isinstance(r, TtftRow):
+        print(f"{'ttft':>9} {r.model:>14} {r.backend:>12} bs={r.block_size:<4} {r.prefix}+{r.suffix}: restored {r.restored}, "
+              f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
+              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); mismatches {r.mismatches}/{r.hits} hits; "
+              f"logits vs one-shot: hit {r.logit_err_hit:.1e}, split prefill without cache {r.logit_err_split:.1e}")
+    elif isinstance(r, WorkloadRow):
+        print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>10} budget {r.budget_snapshots:g} "
+              f"snapshots: hit rate {r.hit_rate:.1%} (ceiling {r.ceiling_hit_rate:.1%}), TTFT median {r.ttft_ms_median:.2f} "
+              f"p95 {r.ttft_ms_p95:.2f} ms (no cache {r.ttft_nocache_ms_median:.2f}), evictions {r.evictions}, "
+              f"mismatches {r.mismatches}/{r.requests}")
+    else:
+        print(f"{'precision':>9} {r.model:>14} {r.backend:>12} bf16 snapshot: {r.state_bytes_float32 - r.state_bytes_rounded} "
+              f"bytes saved; max rel err {r.max_rel_err:.2e} over {r.steps} steps, argmax agree {r.argmax_agree:.1%}, "
+              f"first free-running divergence {r.first_divergence}")
+
+
+def _load(name: str, device: str, dtype: torch.dtype) -> HybridLM:
+    """A preset with random weights or a shipped checkpoint."""
+    from ..checkpoints import CHECKPOINTS, checkpoint_path
+    from ..config import PRESETS
+    from ..checkpoint import load
+    from ..model import build
+
+    if name in CHECKPOINTS:
+        return load(checkpoint_path(name), dtype=dtype, device=device)
+    if name in PRESETS:
+        return build(name, dtype=dtype, device=device, seed=0)
+    raise SystemExit(f"unknown model {name!r}: presets {sorted(PRESETS)}, checkpoints {sorted(CHECKPOINTS)}")
+
+
+def run_cache_bench(args, device: str) -> list:
+    gpu = device.startswith("cuda")
+    models = args.models or (["qwen3.5-0.8b"] if gpu else ["byte-qwen3.5-6m"])
+    backends = args.backends or (["fused", "fused+graph"] if gpu else ["reference"])
+    cases = args.ttft_cases or (["4096:64:256", "480:32:544", "480:32:64"] if gpu else ["48:5:16", "12:3:16", "12:3:4"])
+    block = args.block_size or (256 if gpu else 8)
+    steps = args.steps or (1000 if gpu else 30)
+    dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    rows: list = []
+    for name in models:
+        model = _load(name, device, dtype)
+        for backend in backends:
+            if "ttft" in args.experiments:
+                for case in cases:
+                    prefix, suffix, bs = (int(x) for x in case.split(":"))
+                    rows.append(time_ttft(model, backend, prefix, suffix, bs, args.repeats))
+                    print_row(rows[-1])
+            if "workload" in args.experiments and backend == backends[-1]:
+                for wname, reqs in workload_streams(model.cfg.vocab_size, "gpu" if gpu else "cpu").items():
+                    if args.workloads and wname not in args.workloads:
+                        continue
+                    rows += run_workload(model, backend, wname, reqs, block, args.policies, args.budgets)
+                    for r in rows[-len(args.policies) * len(args.budgets):]:
+                        print_row(r)
+        if "precision" in args.experiments and "gdn" in model.cfg.layer_types:
+            rows.append(measure_precision(model, "fused+graph" if gpu else "reference", 64, steps))
+            print_row(rows[-1])
+        del model
+        if gpu:
+            torch.cuda.empty_cache()
+    return rows
+
+
+@torch.no_grad()
+def replay_stream(model: HybridLM, requests: list[wl.Request], block_size: int, budget_snapshots: float,
+                  policy: str, backend: str = "reference") -> dict:
+    """Only the cache's bookkeeping on a stream: every prompt prefilled through one PrefixCache, no
+    decoding, no timing (for the notebook's widget). Returns the token hit rate, its ceiling, the
+    bytes held at the end, and evictions."""
+    from ..backends import make_decoder
+
+    snap = PrefixCache(model, block_size, budget_bytes=2**62).snapshot_bytes
+    evict, _, admission = policy.partition("+")
+    pc = PrefixCache(model, block_size, int(budget_snapshots * snap), policy=evict, admission=admission or "every")
+    longest = max(len(r) for r in requests)
+    decoder = make_decoder(backend, model, model.new_cache(1, longest))
+    restored = sum(pc.prefill(decoder, _ids(r.tokens, model.device)).restored for r in requests)
+    total = sum(len(r) for r in requests)
+    return {"hit_rate": restored / total, "ceiling": wl.reusable_tokens(requests, block_size) / total,
+            "bytes": pc.nbytes, "snapshot_bytes": snap, "evictions": pc.evictions}

@@ -1,0 +1,382 @@
+"""The element-wise work of a prefill between its GEMMs, one Triton kernel per piece.
+
+The reference computes each of these as a chain of torch ops on float32 copies of [T, width]
+tensors: every op a launch and a full read and write of the tensor. Each kernel here reads its
+inputs once and writes its result once, with the same float32 arithmetic and the same single
+rounding to the model's dtype at the end. References (one statement of each piece of maths):
+
+- :func:`rms_norm_rows`: :func:`labkit.ops.norm.rms_norm_ref` over the last dim;
+- :func:`gdn_inputs`: :func:`labkit.ops.mixers.gdn_inputs_ref`, Gated DeltaNet from its projection
+  to what the delta rule takes: for channel c of q|k|v and token t, with the KW-1 earlier raw values
+  from the conv state before the first token,
+
+      x[t, c] = silu(sum_j w[c, j] u[t - KW + 1 + j, c]),   q, k: x / sqrt(|x_head|^2 + 1e-6)
+      g[t, h] = -exp(A_log[h]) softplus(a[t, h] + dt_bias[h]),   beta[t, h] = sigmoid(b[t, h])
+
+  q, k, v come out in the projection's dtype, laid out [B, T, heads, dim] as the chunked delta
+  rule reads them; g, beta float32;
+- :func:`gated_rms_norm_rows`: :func:`labkit.ops.norm.gated_rms_norm_ref`,
+  rmsnorm(o) * w * silu(z) per head, z read in place from the projection (a strided view);
+- :func:`short_conv_prefill`: :func:`labkit.ops.mixers.short_conv_ref`, LFM2's C * conv(B * x)
+  over the prompt (B * x rounded to the dtype before the conv, as the reference forms it);
+- :func:`swiglu_rows`: :func:`labkit.ops.mixers.swiglu_ref`, the MLP's silu(gate) * up;
+- :func:`norm_rope_rows`: :func:`labkit.ops.mixers.norm_rope_ref`, attention's per-head RMSNorm
+  and RoPE of q and k, read in place from the projection.
+
+The conv states' new windows (the last KW-1 raw rows) are a few rows: the launchers form them
+with torch, before anything is overwritten.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_tensor, interpreter_flags, next_pow2
+from .mixers import GdnDims
+
+
+def _rows_block(width: int) -> int:
+    """Rows per program: about 4K elements a program (a few KB of registers at 4-8 warps)."""
+    return max(1, min(64, 4096 // next_pow2(width)))
+
+
+# -- RMSNorm over rows ------------------------------------------------------------------------------
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, rows, D, eps,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                     OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R)): out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (w + 1 with UNIT_OFFSET)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BLOCK_D)
+    m = (r < rows)[:, None] & (c < D)[None, :]
+    offs = r.to(tl.int64)[:, None] * D + c[None, :]
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    x = x * tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
+    w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        w = w + 1.0
+    tl.store(out_ptr + offs, cast(x * w[None, :], OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+    """:func:`labkit.ops.norm.rms_norm_ref` in one kernel: x [..., D] (a strided view is copied
+    contiguous first), weight [D]."""
+    check_tensor("x", x, dtype=FLOAT_DTYPES, contiguous=False, aligned=False)
+    x = x.contiguous()
+    D = x.shape[-1]
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, shape=(D,), aligned=False)
+    check_devices(x=x, weight=weight)
+    eps = check_eps("eps", eps)
+    out = torch.empty_like(x)
+    rows = x.numel() // D if D else 0
+    if rows == 0:
+        return out
+    block_r = _rows_block(D)
+    _rms_norm_kernel[(cdiv(rows, block_r),)](
+        x, weight, out, rows, D, eps, BLOCK_R=block_r, BLOCK_D=next_pow2(D), UNIT_OFFSET=bool(unit_offset),
+        OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype), num_warps=4 if D <= 2048 else 8,
+    )
+    return out
+
+
+# -- the MLP's activation ---------------------------------------------------------------------------
+@triton.jit
+def _swiglu_kernel(gu_ptr, out_ptr, rows, W, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+                   OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R), cdiv(W, BLOCK_W)): out = silu(gate) * up, silu rounded to the dtype first."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    m = (r < rows)[:, None] & (c < W)[None, :]
+    at = gu_ptr + r[:, None] * 2 * W + c[None, :]
+    g = tl.load(at, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(at + W, mask=m, other=0.0).to(tl.float32)
+    s = cast(g / (1.0 + tl.exp(-g)), OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    tl.store(out_ptr + r[:, None] * W + c[None, :], cast(s * up, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """:func:`labkit.ops.mixers.swiglu_ref` in one kernel: gate_up [..., 2W] contiguous -> [..., W]."""
+    check_tensor("gate_up", gate_up, dtype=FLOAT_DTYPES, aligned=False)
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up must end in 2W (gate | up) columns, got {list(gate_up.shape)}")
+    W = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], W, dtype=gate_up.dtype, device=gate_up.device)
+    rows = out.numel() // W if W else 0
+    if rows == 0:
+        return out
+    block_w = min(1024, next_pow2(W))
+    block_r = max(1, 4096 // block_w)
+    _swiglu_kernel[(cdiv(rows, block_r), cdiv(W, block_w))](
+        gate_up, out, rows, W, BLOCK_R=block_r, BLOCK_W=block_w, OUT_DTYPE=TORCH_TO_TL[gate_up.dtype],
+        **interpreter_flags(gate_up.dtype), num_warps=4,
+    )
+    return out
+
+
+# -- Gated DeltaNet: projection -> q, k, v, g, beta -------------------------------------------------
+@triton.jit
+def _gdn_inputs_kernel(
+    proj_ptr, state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+    T, P, C,
+    NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (cdiv(T, BLOCK_T), 2 NK + NV, B): one head of q, k or v (j < NK: q head j; j < 2 NK:
+    k head j - NK; else v head j - 2 NK, which also writes that head's g and beta) for a block of
+    tokens of sequence b. The conv's taps read rows t - KW + 1 .. t: from the projection where
+    t' >= 0, from the conv state (its row KW - 1 + t') before the prompt."""
+    tb = tl.program_id(0)
+    j = tl.program_id(1)
+    b = tl.program_id(2)
+    is_v = j >= 2 * NK
+    D = tl.where(is_v, DV, DK)
+    c0 = tl.where(is_v, 2 * NK * DK + (j - 2 * NK) * DV, j * DK)
+    t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    ch = c0 + d
+    row0 = proj_ptr + b.to(tl.int64) * T * P
+    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    for tap in tl.static_range(KW):
+        src = t - (KW - 1) + tap
+        m = tmask[:, None] & dmask[None, :]
+        xp = tl.load(row0 + src[:, None] * P + ch[None, :], mask=m & (src >= 0)[:, None], other=0.0)
+        xs = tl.load(state_ptr + (b * (KW - 1) + (KW - 1) + src)[:, None] * C + ch[None, :],
+                     mask=m & (src < 0)[:, None], other=0.0)
+        x = tl.where((src >= 0)[:, None], xp.to(tl.float32), xs.to(xp.dtype).to(tl.float32))
+        w = tl.load(conv_w_ptr + ch * KW + tap, mask=dmask, other=0.0).to(tl.float32)
+        acc += x * w[None, :]
+    acc = acc / (1.0 + tl.exp(-acc))  # silu
+    if j < 2 * NK:
+        acc = acc * tl.rsqrt(tl.sum(acc * acc, 1) + 1e-6)[:, None]
+    token = b * T + t
+    m = tmask[:, None] & dmask[None, :]
+    if j < NK:
+        tl.store(q_ptr + (token.to(tl.int64)[:, None] * NK + j) * DK + d[None, :], cast(acc, OUT_DTYPE, EMULATE_RTNE), mask=m)
+    elif j < 2 * NK:
+        tl.store(k_ptr + (token.to(tl.int64)[:, None] * NK + j - NK) * DK + d[None, :], cast(acc, OUT_DTYPE, EMULATE_RTNE), mask=m)
+    else:
+        h = j - 2 * NK
+        tl.store(v_ptr + (token.to(tl.int64)[:, None] * NV + h) * DV + d[None, :], cast(acc, OUT_DTYPE, EMULATE_RTNE), mask=m)
+        gates = row0 + t.to(tl.int64) * P + C + NV * DV
+        bb = tl.load(gates + h, mask=tmask, other=0.0).to(tl.float32)
+        aa = tl.load(gates + NV + h, mask=tmask, other=0.0).to(tl.float32) + tl.load(dt_bias_ptr + h).to(tl.float32)
+        # softplus as torch takes it: x above 20, else log(1 + e^x) (e^x itself where 1 + e^x rounds to 1)
+        soft = tl.where(aa > 20.0, aa, tl.where(aa < -15.0, tl.exp(aa), tl.log(1.0 + tl.exp(aa))))
+        g = -tl.exp(tl.load(a_log_ptr + h).to(tl.float32)) * soft
+        tl.store(g_ptr + token * NV + h, g, mask=tmask)
+        tl.store(beta_ptr + token * NV + h, 1.0 / (1.0 + tl.exp(-bb)), mask=tmask)
+
+
+def gdn_inputs(
+    proj: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    dims: GdnDims,
+) -> tuple[torch.Tensor, ...]:
+    """:func:`labkit.ops.mixers.gdn_inputs_ref` in one kernel (module docstring), with q, k, v in
+    ``proj``'s dtype: (q, k [B, T, nk, dk], v [B, T, nv, dv], g, beta [B, T, nv] float32, z (a view of
+    proj), the new conv state). ``conv_state`` [B, KW-1, C] (None: zeros) is not modified."""
+    check_tensor("proj", proj, dtype=FLOAT_DTYPES, shape=(None, None, dims.proj_dim), aligned=False)
+    B, T, P = proj.shape
+    C = dims.conv_dim
+    check_tensor("conv_weight", conv_weight, dtype=FLOAT_DTYPES, shape=(C, None), aligned=False)
+    KW = conv_weight.shape[1]
+    nk, nv, dk, dv = dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, dims.v_head_dim
+    check_tensor("A_log", A_log, dtype=FLOAT_DTYPES, shape=(nv,), aligned=False)
+    check_tensor("dt_bias", dt_bias, dtype=FLOAT_DTYPES, shape=(nv,), aligned=False)
+    if KW < 2:
+        raise ValueError(f"the conv needs at least 2 taps (a state to carry), got {KW}")
+    if conv_state is None:
+        conv_state = proj.new_zeros(B, KW - 1, C)
+    check_tensor("conv_state", conv_state, dtype=FLOAT_DTYPES, shape=(B, KW - 1, C), aligned=False)
+    check_devices(proj=proj, conv_state=conv_state, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias)
+    qkv = proj[..., :C]
+    new_conv_state = torch.cat((conv_state.to(proj.dtype), qkv[:, -(KW - 1):]), dim=1)[:, -(KW - 1):].to(conv_state.dtype)
+    dt, dev = proj.dtype, proj.device
+    q = torch.empty(B, T, nk, dk, dtype=dt, device=dev)
+    k = torch.empty(B, T, nk, dk, dtype=dt, device=dev)
+    v = torch.empty(B, T, nv, dv, dtype=dt, device=dev)
+    g = torch.empty(B, T, nv, dtype=torch.float32, device=dev)
+    beta = torch.empty(B, T, nv, dtype=torch.float32, device=dev)
+    block_d = max(16, next_pow2(max(dk, dv)))
+    block_t = max(1, min(32, 4096 // block_d))
+    _gdn_inputs_kernel[(cdiv(T, block_t), 2 * nk + nv, B)](
+        proj, conv_state, conv_weight, A_log, dt_bias, q, k, v, g, beta, T, P, C,
+        NK=nk, NV=nv, DK=dk, DV=dv, KW=KW, BLOCK_T=block_t, BLOCK_D=block_d,
+        OUT_DTYPE=TORCH_TO_TL[dt], **interpreter_flags(dt), num_warps=4,
+    )
+    z = proj[..., C:C + dims.value_dim].reshape(B, T, nv, dv)
+    return q, k, v, g, beta, z, new_conv_state
+
+
+# -- Gated DeltaNet's output norm -------------------------------------------------------------------
+@triton.jit
+def _gated_rms_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, rows, T, H, z_stride_b, z_stride_t, z_stride_h, eps,
+                           D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                           OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R)), a row per (token, head): out = o / sqrt(mean(o^2) + eps) * w * silu(z)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BLOCK_D)
+    m = (r < rows)[:, None] & (c < D)[None, :]
+    r64 = r.to(tl.int64)
+    x = tl.load(o_ptr + r64[:, None] * D + c[None, :], mask=m, other=0.0).to(tl.float32)
+    token = r64 // H
+    z_offs = (token // T) * z_stride_b + (token % T) * z_stride_t + (r64 % H) * z_stride_h
+    z = tl.load(z_ptr + z_offs[:, None] + c[None, :], mask=m, other=0.0)
+    z = z.to(tl.float32)
+    w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None] * w[None, :] * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + r64[:, None] * D + c[None, :], cast(y, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def gated_rms_norm_rows(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`labkit.ops.norm.gated_rms_norm_ref` in one kernel: o [B, T, H, D] contiguous, z of o's shape
+    with unit stride along D (a view of the projection), weight [D]. Returns o's shape and dtype."""
+    check_tensor("o", o, dtype=FLOAT_DTYPES, shape=(None, None, None, None), aligned=False)
+    B, T, H, D = o.shape
+    check_tensor("z", z, dtype=FLOAT_DTYPES, shape=(B, T, H, D), contiguous=False, aligned=False)
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, shape=(D,), aligned=False)
+    if z.stride(3) != 1:
+        raise ValueError(f"z must have unit stride along its last dim, got strides {z.stride()}")
+    check_devices(o=o, z=z, weight=weight)
+    eps = check_eps("eps", eps)
+    out = torch.empty_like(o)
+    rows = B * T * H
+    block_r = _rows_block(D)
+    _gated_rms_norm_kernel[(cdiv(rows, block_r),)](
+        o, z, weight, out, rows, T, H, z.stride(0), z.stride(1), z.stride(2), eps, D=D, BLOCK_R=block_r, BLOCK_D=next_pow2(D),
+        OUT_DTYPE=TORCH_TO_TL[o.dtype], **interpreter_flags(o.dtype), num_warps=4,
+    )
+    return out
+
+
+# -- LFM2's gated short conv over a prompt ----------------------------------------------------------
+@triton.jit
+def _short_conv_prefill_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, T, H,
+                               KW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                               OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H), B): y[t, c] = C[t, c] * sum_j w[c, j] (B*x)[t - KW + 1 + j, c],
+    B*x rounded to the dtype; rows before the prompt from the state."""
+    b = tl.program_id(2)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tmask, cmask = t < T, c < H
+    m = tmask[:, None] & cmask[None, :]
+    row0 = proj_ptr + b.to(tl.int64) * T * 3 * H
+    acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    for tap in tl.static_range(KW):
+        src = t - (KW - 1) + tap
+        at = row0 + src.to(tl.int64)[:, None] * 3 * H + c[None, :]
+        live = m & (src >= 0)[:, None]
+        bv = tl.load(at, mask=live, other=0.0)
+        xv = tl.load(at + 2 * H, mask=live, other=0.0)
+        bx = cast(bv.to(tl.float32) * xv.to(tl.float32), OUT_DTYPE, EMULATE_RTNE)
+        st = tl.load(state_ptr + (b * (KW - 1) + (KW - 1) + src)[:, None] * H + c[None, :],
+                     mask=m & (src < 0)[:, None], other=0.0)
+        u = tl.where((src >= 0)[:, None], bx.to(tl.float32), cast(st, OUT_DTYPE, EMULATE_RTNE).to(tl.float32))
+        acc += u * tl.load(w_ptr + c * KW + tap, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    cv = tl.load(row0 + t.to(tl.int64)[:, None] * 3 * H + H + c[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (b * T + t).to(tl.int64)[:, None] * H + c[None, :], cast(cv * acc, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def short_conv_prefill(
+    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`labkit.ops.mixers.short_conv_ref` in one kernel: (y [B, T, H] in proj's dtype, new state
+    [B, K-1, H]). ``proj`` [B, T, 3H] contiguous; ``state`` (None: zeros) is not modified."""
+    check_tensor("proj", proj, dtype=FLOAT_DTYPES, shape=(None, None, None), aligned=False)
+    B, T, H3 = proj.shape
+    if H3 % 3:
+        raise ValueError(f"proj must be [B, T, 3H] (B | C | x), got {list(proj.shape)}")
+    H = H3 // 3
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, shape=(H, None), aligned=False)
+    KW = weight.shape[1]
+    if KW < 2:
+        raise ValueError(f"the conv needs at least 2 taps (a state to carry), got {KW}")
+    if state is None:
+        state = proj.new_zeros(B, KW - 1, H)
+    check_tensor("state", state, dtype=FLOAT_DTYPES, shape=(B, KW - 1, H), aligned=False)
+    check_devices(proj=proj, state=state, weight=weight)
+    tail = proj[:, -(KW - 1):]
+    bx_tail = tail[..., :H] * tail[..., 2 * H:]
+    new_state = torch.cat((state.to(proj.dtype), bx_tail), dim=1)[:, -(KW - 1):].to(state.dtype)
+    out = torch.empty(B, T, H, dtype=proj.dtype, device=proj.device)
+    block_h = min(256, next_pow2(H))
+    block_t = max(1, min(32, 4096 // block_h))
+    _short_conv_prefill_kernel[(cdiv(T, block_t), cdiv(H, block_h), B)](
+        proj, state, weight, out, T, H, KW=KW, BLOCK_T=block_t, BLOCK_H=block_h,
+        OUT_DTYPE=TORCH_TO_TL[proj.dtype], **interpreter_flags(proj.dtype), num_warps=8,
+    )
+    return out, new_state
+
+
+# -- attention: per-head RMSNorm + RoPE of q and k --------------------------------------------------
+@triton.jit
+def _norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
+                      D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                      UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr,
+                      EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R)), a row per (token, head): y = rmsnorm(x) * w rounded to the dtype,
+    then channel pairs (i, i + HALF), i < HALF, rotated by pos * inv_freq[i]; channels from 2 HALF on
+    pass through. Each channel's partner is loaded as a second tile (same row statistics)."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.arange(0, BLOCK_D)
+    cm = c < D
+    m = (r < rows)[:, None] & cm[None, :]
+    token = r // H
+    base = (token // T) * s_b + (token % T) * s_t + (r % H) * s_h
+    x = tl.load(x_ptr + base[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
+    partner = tl.where(c < HALF, c + HALF, tl.where(c < 2 * HALF, c - HALF, c))
+    xp = tl.load(x_ptr + base[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=cm, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        w = w + 1.0
+        wp = wp + 1.0
+    xn = cast(x * inv_rms[:, None] * w[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    xpn = cast(xp * inv_rms[:, None] * wp[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    rot = c < 2 * HALF
+    freq = tl.load(inv_ptr + tl.where(c < HALF, c, c - HALF), mask=rot, other=0.0)
+    pos = tl.load(pos_ptr + token, mask=r < rows, other=0).to(tl.float32)
+    angle = pos[:, None] * freq[None, :]
+    cos, sin = tl.cos(angle), tl.sin(angle)
+    y = tl.where((c < HALF)[None, :], xn * cos - xpn * sin, tl.where(rot[None, :], xn * cos + xpn * sin, xn))
+    tl.store(out_ptr + r[:, None] * D + c[None, :], cast(y, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                   eps: float, unit_offset: bool = False) -> torch.Tensor:
+    """:func:`labkit.ops.mixers.norm_rope_ref` in one kernel: x [B, T, H, D] with unit stride along D
+    (a view of the projection), weight [D], positions [B, T] integer, inv_freq [r/2] float32.
+    Returns a contiguous [B, T, H, D] in x's dtype."""
+    check_tensor("x", x, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
+    B, T, H, D = x.shape
+    if x.stride(3) != 1:
+        raise ValueError(f"x must have unit stride along its last dim, got strides {x.stride()}")
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, shape=(D,), aligned=False)
+    check_tensor("positions", positions, dtype=(torch.int32, torch.int64), shape=(B, T), aligned=False)
+    check_tensor("inv_freq", inv_freq, dtype=torch.float32, shape=(None,), aligned=False)
+    half = inv_freq.shape[0]
+    if not 0 < 2 * half <= D:
+        raise ValueError(f"inv_freq has {half} frequencies: rotating {2 * half} channels of {D}")
+    check_devices(x=x, weight=weight, positions=positions, inv_freq=inv_freq)
+    eps = check_eps("eps", eps)
+    out = torch.empty(B, T, H, D, dtype=x.dtype, device=x.device)
+    rows = B * T * H
+    if rows == 0:
+        return out
+    block_r = _rows_block(D)
+    _norm_rope_kernel[(cdiv(rows, block_r),)](
+        x, weight, positions, inv_freq, out, rows, T, H, x.stride(0), x.stride(1), x.stride(2), eps,
+        D=D, HALF=half, BLOCK_R=block_r, BLOCK_D=next_pow2(D), UNIT_OFFSET=bool(unit_offset),
+        OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype), num_warps=8,  # 4: spills (sm_90)
+    )
+    return out

@@ -1,0 +1,138 @@
+"""The prefill's element-wise kernels (labkit.ops.prefill_fusions) against their references, on
+irregular shapes (batch 3, odd widths and lengths, grouped GDN heads, head dims that are not powers
+of two). Every tensor the kernels allocate is poisoned with NaN first (torch.empty patched inside
+the module), so an element a kernel fails to write fails the comparison."""
+
+import pytest
+import torch
+
+from conftest import rel_err
+from labkit.ops import prefill_fusions as pf
+from labkit.ops.mixers import GdnDims, gdn_inputs_ref, norm_rope_ref, short_conv_ref, swiglu_ref
+from labkit.ops.rope import rope_inv_freq
+from labkit.ops.norm import gated_rms_norm_ref, rms_norm_ref
+
+BOUND = {torch.float32: 1e-6, torch.bfloat16: 8e-3}  # bf16: one rounding of the result apart at most
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    real = torch.empty
+
+    def empty(*shape, dtype=None, device=None, **kw):
+        return real(*shape, dtype=dtype, device=device, **kw).fill_(float("nan"))
+
+    class PoisonedTorch:
+        def __getattr__(self, name):
+            return empty if name == "empty" else getattr(torch, name)
+
+    monkeypatch.setattr(pf, "torch", PoisonedTorch())
+
+
+def _randn(*shape, seed, dtype, device, scale=1.0):
+    return (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))).to(dtype=dtype, device=device)
+
+
+@DTYPES
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_rms_norm_rows(dtype, unit_offset, device):
+    x = _randn(3, 5, 40, seed=1, dtype=dtype, device=device)
+    w = _randn(40, seed=2, dtype=dtype, device=device)
+    got = pf.rms_norm_rows(x[:, 1:], w, 1e-6, unit_offset)  # a strided view: copied contiguous first
+    want = rms_norm_ref(x[:, 1:], w, 1e-6, unit_offset)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert rel_err(got, want) < BOUND[dtype]
+
+
+@DTYPES
+@pytest.mark.parametrize("T", [1, 2, 37])
+def test_gdn_inputs(dtype, T, device):
+    dims = GdnDims(num_k_heads=2, num_v_heads=4, k_head_dim=12, v_head_dim=20)
+    B, KW = 3, 4
+    proj = _randn(B, T, dims.proj_dim, seed=T, dtype=dtype, device=device)
+    state = _randn(B, KW - 1, dims.conv_dim, seed=5, dtype=dtype, device=device)
+    conv_w = _randn(dims.conv_dim, KW, seed=6, dtype=dtype, device=device, scale=0.5)
+    A_log = _randn(dims.num_v_heads, seed=7, dtype=torch.float32, device=device)
+    dt_bias = _randn(dims.num_v_heads, seed=8, dtype=torch.float32, device=device, scale=10.0)  # softplus's branches
+    got = pf.gdn_inputs(proj, state, conv_w, A_log, dt_bias, dims)
+    want = gdn_inputs_ref(proj, state, conv_w, A_log, dt_bias, dims)
+    names = ["q", "k", "v", "g", "beta", "z", "conv_state"]
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape, name
+        bound = BOUND[dtype] if name in "qkv" else 1e-6  # q, k, v rounded to the dtype (the delta rule's input)
+        assert rel_err(a.float(), b.float()) < bound, name
+    assert got[0].dtype == dtype and got[3].dtype == torch.float32
+    assert torch.equal(got[6], want[6])
+    # no state: zeros before the prompt
+    for name, a, b in zip(names, pf.gdn_inputs(proj, None, conv_w, A_log, dt_bias, dims),
+                          gdn_inputs_ref(proj, None, conv_w, A_log, dt_bias, dims)):
+        assert rel_err(a.float(), b.float()) < BOUND[dtype], name
+
+
+@DTYPES
+def test_gated_rms_norm_rows_reads_z_in_place(dtype, device):
+    B, T, H, D = 3, 7, 4, 20
+    proj = _randn(B, T, 2 * H * D + 5, seed=11, dtype=dtype, device=device)
+    z = proj[..., H * D + 3:2 * H * D + 3].reshape(B, T, H, D)  # a strided, unaligned view
+    o = _randn(B, T, H, D, seed=12, dtype=dtype, device=device)
+    w = _randn(D, seed=13, dtype=dtype, device=device)
+    got = pf.gated_rms_norm_rows(o, z, w, 1e-6)
+    assert rel_err(got, gated_rms_norm_ref(o, z, w, 1e-6)) < BOUND[dtype]
+    one = pf.gated_rms_norm_rows(o[:, :1].contiguous(), z[:, :1], w, 1e-6)  # T = 1: any token stride
+    assert rel_err(one, gated_rms_norm_ref(o[:, :1], z[:, :1], w, 1e-6)) < BOUND[dtype]
+
+
+@DTYPES
+@pytest.mark.parametrize("T", [1, 2, 29])
+def test_short_conv_prefill(dtype, T, device):
+    B, H, KW = 3, 24, 3
+    proj = _randn(B, T, 3 * H, seed=T, dtype=dtype, device=device)
+    state = _randn(B, KW - 1, H, seed=21, dtype=dtype, device=device)
+    w = _randn(H, KW, seed=22, dtype=dtype, device=device)
+    for s in (state, None):
+        y, new_state = pf.short_conv_prefill(proj, s, w)
+        y_ref, new_ref = short_conv_ref(proj, s, w)
+        assert y.dtype == dtype and rel_err(y, y_ref) < BOUND[dtype]
+        assert torch.equal(new_state, new_ref)
+
+
+@DTYPES
+def test_swiglu_rows(dtype, device):
+    gu = _randn(3, 5, 2 * 37, seed=31, dtype=dtype, device=device, scale=3.0)
+    got = pf.swiglu_rows(gu)
+    want = swiglu_ref(gu)
+    assert got.shape == (3, 5, 37) and got.dtype == dtype
+    assert rel_err(got, want) < 1e-6  # the same two roundings as torch's ops on the dtype
+
+
+@DTYPES
+@pytest.mark.parametrize("rotary,unit_offset", [(20, False), (6, True)])  # whole head; a part (Qwen3.5)
+def test_norm_rope_rows_reads_heads_in_place(dtype, rotary, unit_offset, device):
+    B, T, H, D = 3, 5, 3, 20
+    proj = _randn(B, T, H * D + 7, seed=41, dtype=dtype, device=device, scale=2.0)
+    x = proj[..., 7:].reshape(B, T, H, D)  # a strided, unaligned view
+    w = _randn(D, seed=42, dtype=dtype, device=device, scale=0.3)
+    positions = (torch.arange(T)[None] + torch.tensor([[0], [3], [1000]])).to(device)  # sequences differ
+    inv = rope_inv_freq(rotary, 10000.0, device=device)
+    got = pf.norm_rope_rows(x, w, positions, inv, 1e-6, unit_offset)
+    want = norm_rope_ref(x, w, positions, inv, 1e-6, unit_offset)
+    assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+    assert rel_err(got, want) < BOUND[dtype]
+
+
+def test_bad_input_is_refused(device):
+    dims = GdnDims(1, 1, 16, 16)
+    proj = torch.zeros(1, 4, dims.proj_dim + 1, device=device)
+    with pytest.raises(ValueError, match="proj must have shape"):
+        pf.gdn_inputs(proj, None, torch.zeros(dims.conv_dim, 4, device=device), torch.zeros(1, device=device),
+                      torch.zeros(1, device=device), dims)
+    with pytest.raises(ValueError, match=r"\[B, T, 3H\]"):
+        pf.short_conv_prefill(torch.zeros(1, 4, 10, device=device), None, torch.zeros(3, 3, device=device))
+    with pytest.raises(ValueError, match=r"gate \| up"):
+        pf.swiglu_rows(torch.zeros(2, 7, device=device))
+    with pytest.raises(ValueError, match="eps must be a positive"):
+        pf.rms_norm_rows(torch.zeros(2, 8, device=device), torch.ones(8, device=device), 0.0)
+    o = torch.zeros(1, 2, 1, 8, device=device)
+    with pytest.raises(ValueError, match="unit stride"):
+        pf.gated_rms_norm_rows(o, torch.zeros(1, 2, 1, 16, device=device)[..., ::2], torch.ones(8, device=device), 1e-6)
