@@ -17,7 +17,10 @@ step can be captured in one ``torch.cuda.CUDAGraph`` and replayed per token:
 - ``"fused+graph"``: the same launches captured once, replayed per token (CUDA only);
 - ``"fused+graph+pdl"``: as above, each kernel launched with programmatic dependent launch, so it
   is scheduled while its predecessor drains and waits (``griddepcontrol.wait``) only before touching
-  that predecessor's output. Hopper or newer; experimental: ``tools/gpu_fused_check.py`` checks it.
+  that predecessor's output; the projections load their first weight tile before that wait. Where
+  the kernels release their successors is :data:`labkit.ops.linear.PDL_PLACEMENT` (and
+  ``PDL_RELEASE_EARLY`` in the mixer kernels), to be measured in the chained step
+  (``python -m labkit bench chain``). Hopper or newer; opt-in.
 
 A decoder lives with its cache (``cache.attachments``), and ``generate`` keeps caches per model
 (see :func:`labkit.backends.pooled_decoder`), so graphs are captured once and replayed by later
@@ -50,6 +53,7 @@ from typing import Any, Callable, Union
 import torch
 from torch import nn
 
+from . import tuning
 from .backends import register
 from .cache import HybridCache
 from .model import HybridLM, attention_dims, gdn_dims
@@ -170,6 +174,7 @@ class LinearPlan:
     config: Any  # LinearConfig
     norm_weight: torch.Tensor | None = None  # RMSNorm in the prologue
     row_blocks: int = 1  # 2: SwiGLU's gate|up, 3: the short conv's B|C|x
+    impl: str = "triton"  # "torch": unfused through cuBLAS, where the tuning file measured that faster
 
     @property
     def outputs(self) -> int:
@@ -366,16 +371,18 @@ class FusedDecoder:
         B, H, dt, dev = cache.batch_size, cfg.hidden_size, model.dtype, model.device
 
         def plan(weight: torch.Tensor, norm: torch.Tensor | None = None, row_blocks: int = 1,
-                 argmax: bool = False) -> LinearPlan:
+                 argmax: bool = False, head: bool = False) -> LinearPlan:
             n, k = weight.shape
             config = tuned_linear_config(B, n // row_blocks, k, row_blocks=row_blocks, argmax=argmax, device=dev)
-            return LinearPlan(weight, config, norm, row_blocks)
+            # the LM head stays on the Triton kernel: its greedy path must sum as its logits path does
+            impl = "triton" if head else tuning.linear_impl(B, n // row_blocks, k, row_blocks=row_blocks, device=dev)
+            return LinearPlan(weight, config, norm, row_blocks, impl)
 
         layers = [_layer_plan(i, kind, block, plan) for i, (kind, block) in enumerate(zip(cfg.layer_types, model.layers))]
         embed = _tensor(model, "embed.weight", "model")
         final_norm = _tensor(model, "final_norm.weight", "model")
         lm_head = embed if cfg.tie_embeddings else _tensor(model, "lm_head", "model")
-        head, greedy = plan(lm_head, final_norm), plan(lm_head, final_norm, argmax=True)
+        head, greedy = plan(lm_head, final_norm, head=True), plan(lm_head, final_norm, argmax=True, head=True)
 
         proj: dict[str, torch.Tensor] = {}
         mixed: dict[str, torch.Tensor] = {}
@@ -414,11 +421,31 @@ class FusedDecoder:
     # -- one step ----------------------------------------------------------------------------------
     def _linear(self, plan: StepPlan, p: LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, short_conv: tuple | None = None) -> None:
+        if p.impl == "torch":
+            self._linear_unfused(plan, p, x, out=out, residual=residual, short_conv=short_conv)
+            return
         self._lin.linear(
             x, p.weight, out=out, residual=residual, norm_weight=p.norm_weight, norm_eps=plan.eps,
             norm_unit_offset=plan.unit_offset, swiglu=p.row_blocks == 2, short_conv=short_conv, config=p.config,
             workspace=plan.linear_ws, pdl=self.pdl,
         )
+
+    def _linear_unfused(self, plan: StepPlan, p: LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None,
+                        residual: torch.Tensor | None, short_conv: tuple | None) -> None:
+        """The measured dispatch (``impl == "torch"``, batch >= 16 only): the same function as the
+        fused kernel, run as the reference runs it (norm, cuBLAS matmul, epilogue; each a kernel)
+        and written into the step's buffers, because at this shape that measured faster."""
+        lin = self._lin
+        common = dict(norm_weight=p.norm_weight, norm_eps=plan.eps, norm_unit_offset=plan.unit_offset)
+        if short_conv is not None:
+            from .ops.short_conv import short_conv_decode_ref
+
+            state, conv_weight = short_conv
+            y, new_state = short_conv_decode_ref(lin.linear_ref(x, p.weight, **common), state, conv_weight)
+            state.copy_(new_state)
+        else:
+            y = lin.linear_ref(x, p.weight, residual=residual, swiglu=p.row_blocks == 2, **common)
+        (out if out is not None else residual).copy_(y)
 
     def _forward(self, plan: StepPlan, greedy: bool) -> None:
         """Launch one decode step for ``plan.tokens``; ``cache.lengths`` is not advanced here."""

@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # ops.linear imports triton: only when a configuration is act
     from .ops.linear import LinearConfig, TuningKey
 
 FORMAT = "labkit-tuning/1"
+# An entry may say ``"impl": "torch"``: at that key the projection runs unfused (norm, cuBLAS matmul,
+# epilogue) because that measured faster inside the chained step than any blocking of the Triton
+# kernel (``python -m labkit tune --chain``); absent means "triton". Never for the LM head's keys.
+IMPLS = ("triton", "torch")
 TUNING_DIR = Path(__file__).resolve().parent.parent / "data" / "tuning"
 TUNE_COMMAND = "python -m labkit tune"
 KEY_FIELDS = {"m_bucket": int, "n": int, "k": int, "row_blocks": int, "argmax": bool}
@@ -117,6 +121,11 @@ def read_tuning_file(path: Path) -> dict:
         config = config_from_dict(entry["config"], where)
         if config.block_m != key.m_bucket:
             raise TuningFileError(f"{where}: config.block_m {config.block_m} does not match key.m_bucket {key.m_bucket}")
+        impl = entry.get("impl", "triton")
+        if impl not in IMPLS:
+            raise TuningFileError(f"{where}: impl must be one of {IMPLS}, got {impl!r}")
+        if impl != "triton" and (key.argmax or key.m_bucket == 1):
+            raise TuningFileError(f"{where}: impl {impl!r} is for batch >= 16 projections, not batch 1 or the greedy head")
         if key in seen:
             raise TuningFileError(f"{where}: a second entry for key {key_to_dict(key)}")
         seen.add(key)
@@ -127,6 +136,12 @@ def linear_table(path: Path) -> dict["TuningKey", "LinearConfig"]:
     """The measured linear configurations of one tuning file, by key."""
     doc = read_tuning_file(path)
     return {key_from_dict(e["key"], str(path)): config_from_dict(e["config"], str(path)) for e in doc["linear"]}
+
+
+def impl_table(path: Path) -> dict["TuningKey", str]:
+    """The keys a tuning file dispatches away from the Triton kernel, with their implementation."""
+    doc = read_tuning_file(path)
+    return {key_from_dict(e["key"], str(path)): e["impl"] for e in doc["linear"] if e.get("impl", "triton") != "triton"}
 
 
 def write_tuning_file(path: Path, doc: dict) -> Path:
@@ -182,6 +197,25 @@ def device_table(device: torch.device | str | None = None,
             stacklevel=2,
         )
     return table
+
+
+@functools.lru_cache(maxsize=None)
+def _impls_for(gpu_name: str, directory: Path) -> Mapping["TuningKey", str]:
+    path = tuning_path(gpu_name, directory)
+    return impl_table(path) if path.exists() else {}
+
+
+def linear_impl(m: int, n: int, k: int, *, row_blocks: int = 1, device: torch.device | str | None = None,
+                directory: Path = TUNING_DIR) -> str:
+    """``"triton"`` (labkit's fused kernel), or ``"torch"`` where ``device``'s tuning file measured
+    the unfused cuBLAS path faster at this key (batch >= 16 projections only; never on a CPU)."""
+    from .ops.linear import tuning_key
+
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return "triton"
+    table = _impls_for(torch.cuda.get_device_name(device), Path(directory))
+    return table.get(tuning_key(m, n, k, row_blocks=row_blocks), "triton")
 
 
 def linear_config(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool = False,

@@ -174,3 +174,35 @@ def test_graph_backend_equals_eager_fused_on_gpu(preset):
     graph = labkit.generate(model, prompt, max_new_tokens=12, backend="fused+graph").tokens
     ref = labkit.generate(model, prompt, max_new_tokens=12).tokens
     assert torch.equal(graph, eager) and torch.equal(graph, ref)
+
+
+@pytest.mark.parametrize("preset", ["tiny-lfm2", "tiny-qwen3.5"])
+def test_projections_dispatched_to_torch_compute_the_same_steps(monkeypatch, preset):
+    """Where the tuning file says a key runs unfused (labkit.tuning.linear_impl: "torch"), the fused
+    backend's step still matches the reference: conv state shift, residual, SwiGLU included; the
+    LM head never leaves the Triton kernel."""
+    from labkit import tuning
+
+    asked = []
+
+    def impl(m, n, k, *, row_blocks=1, device=None, directory=None):
+        asked.append((n, k))
+        return "torch"
+
+    monkeypatch.setattr(tuning, "linear_impl", impl)
+    model = labkit.build(preset, dtype=torch.float32, device="cpu", seed=5)
+    prompt = torch.randint(0, model.cfg.vocab_size, (3, 5), generator=torch.Generator().manual_seed(0))
+    ref = make_decoder("reference", model, model.new_cache(3, max_len=12))
+    fused = make_decoder("fused", model, model.new_cache(3, max_len=12))
+    assert fused.plan.head.impl == "triton" and fused.plan.greedy.impl == "triton"
+    assert all(p.impl == "torch" for x in fused.plan.layers for p in (x.in_proj, x.out_proj, x.mlp.gate_up, x.mlp.down))
+    assert (model.cfg.vocab_size, model.cfg.hidden_size) not in asked
+    for buf in fused.plan.activations():
+        buf.fill_(float("nan"))
+    ref.prefill(prompt)
+    fused.prefill(prompt)
+    token = prompt[:, -1]
+    for step in range(3):
+        logits_ref, logits = ref.step(token), fused.step(token)
+        assert rel_err(logits, logits_ref) < 1e-4, step
+        token = logits_ref.argmax(-1)

@@ -85,6 +85,8 @@ BAD = [
     (json.dumps(_doc({**ENTRY, "config": {**ENTRY["config"], "warps": 4}})), "config must be an object with fields"),
     (json.dumps(_doc({**ENTRY, "config": {**ENTRY["config"], "block_m": 16, "block_n": 16}})), "does not match key.m_bucket"),
     (json.dumps(_doc(ENTRY, ENTRY)), r"linear\[1\]: a second entry for key"),
+    (json.dumps(_doc({**ENTRY, "impl": "cuda"})), "impl must be one of"),
+    (json.dumps(_doc({**ENTRY, "impl": "torch"})), "batch >= 16 projections"),
 ]
 
 
@@ -117,6 +119,21 @@ def test_keys_and_configs_round_trip(tmp_path):
     with pytest.raises(tuning.TuningFileError):  # a bad document is refused before it replaces a good file
         tuning.write_tuning_file(path, _doc(ENTRY, ENTRY))
     assert json.loads(path.read_text()) == doc and not list(path.parent.glob("*.tmp"))
+
+
+def test_the_dispatch_table_names_the_keys_that_run_unfused(tmp_path, gpu_named):
+    b16 = {"key": {**ENTRY["key"], "m_bucket": 16},
+           "config": {"block_m": 16, "block_n": 16, "block_k": 64, "split_k": 1, "num_warps": 4, "num_stages": 3}}
+    path = _write(tmp_path / "test-gpu.json", _doc(ENTRY, {**b16, "impl": "torch"}))
+    assert tuning.impl_table(path) == {TuningKey(16, 96, 160, 1, False): "torch"}
+    gpu_named("Test GPU")
+    tuning._impls_for.cache_clear()
+    try:
+        assert tuning.linear_impl(16, 96, 160, device="cuda:0", directory=tmp_path) == "torch"
+        assert tuning.linear_impl(1, 96, 160, device="cuda:0", directory=tmp_path) == "triton"
+        assert tuning.linear_impl(16, 96, 160, device="cpu", directory=tmp_path) == "triton"
+    finally:
+        tuning._impls_for.cache_clear()
 
 
 def test_the_fused_backend_launches_the_tables_configs(monkeypatch):

@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,tma,article-cache,cache,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,chain,tma,article-cache,cache,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
@@ -113,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["chain"]:  # the step's projections chained in one graph: its own options
+        from .chain import main as chain_main
+
+        return chain_main(argv[1:])
     if argv and argv[0] == "tma":  # the CUDA TMA GEMV against Triton and cuBLAS: its own parser
         from .tma import main as tma_main
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import random
 import shlex
 import time
 from pathlib import Path
@@ -59,6 +60,17 @@ def candidates(m: int, n: int, k: int, row_blocks: int, sms: int) -> list:
                  for sk in (1, 2, 4, 8) for nw in (4, 8)
                  if k % (bk * sk) == 0 and math.ceil(n / bn) * sk >= 64 and bn * bk * row_blocks <= 16384]
     return found
+
+
+def head_candidates(m: int, n: int, k: int) -> list:
+    """Blockings for the LM head: tiles of at least 8 rows, since its greedy path reduces one
+    (max, argmax) per tile afterwards (tall tiles keep that reduction short)."""
+    from ..ops.linear import LinearConfig
+
+    if m > 1:
+        return [c for c in candidates(m, n, k, 1, 1) if c.block_n >= 16]
+    return [LinearConfig(1, bn, bk, 1, nw, 1) for bn in (8, 16, 32) for bk in (256, 512, 1024) for nw in (4, 8)
+            if bk <= max(256, k) and 8 <= bn * bk / (32 * nw) <= 64]
 
 
 def _time_us(model: HybridLM, case: LinearCase, batch: int, config) -> float:
@@ -169,6 +181,125 @@ def run(models: list[str], batches: list[int], *, out_dir: Path = tuning.TUNING_
     return path, list(measured.values()), len(left)
 
 
+CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (labkit.bench.chain.sweep_key): each "
+              "candidate checked against linear_ref, then timed as the sub-chain of every projection sharing its key, "
+              "back to back in one CUDA graph with weight copies past L2, launched as the step launches them "
+              "(pdl/placement as recorded); 'us' is per kernel. The LM head's greedy key (argmax) gets the logits "
+              "key's configuration, so that both paths sum in the same order. At batch >= 16, 'us.torch' is the same "
+              "sub-chain run unfused (norm, cuBLAS matmul, epilogue); 'impl': 'torch' where that beat the best "
+              "blocking by more than 3%, and the fused backend then runs it so (labkit.fused).")
+
+
+def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: int | None = None) -> tuple[list, object, object]:
+    """(candidates, current, heuristic) for one key of the chain: the configuration the table gives
+    now first, then the heuristic's, then :func:`candidates` (:func:`head_candidates` for the LM head)
+    in a fixed shuffled order."""
+    from ..ops.launch import num_sms
+    from ..ops.linear import linear_config
+
+    case = group[0].case
+    n, k, rb = case.outputs, case.weight.shape[1], case.row_blocks
+    current = tuning.linear_config(batch, n, k, row_blocks=rb, device=model.device)
+    heuristic = linear_config(batch, n, k, row_blocks=rb)
+    more = candidates(batch, n, k, rb, num_sms()) if group[0].layer >= 0 else head_candidates(batch, n, k)
+    random.Random(0).shuffle(more)  # a cut list (max_candidates, a deadline) still spans every block shape
+    tried = list(dict.fromkeys([current, heuristic, *more]))
+    return (tried[:max_candidates] if max_candidates else tried), current, heuristic
+
+
+DISPATCH_MARGIN = 0.03  # the unfused path must win by more than run-to-run noise
+
+
+def time_unfused(model: HybridLM, group: list, batch: int, repeats: int = 10) -> float | None:
+    """Microseconds per kernel of ``group``'s sub-chain run unfused (labkit.bench.chain's "torch"
+    GEMV), checked first; None if its check fails."""
+    from .chain import BOUND, Chain, copies_for
+
+    sub = Chain(model, group, batch, "torch", copies=copies_for(sum(o.case.nbytes for o in group), model.device))
+    if not max(sub.check(every_layer=False).values()) <= BOUND[model.dtype]:
+        return None
+    return sub.time_ms(repeats) * 1e3 / len(sub.bound)
+
+
+def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=None, out_dir: Path = tuning.TUNING_DIR,
+              time_limit_s: float | None = None, max_candidates: int | None = None, repeats: int = 10,
+              command: str | None = None, device: str = "cuda", gpu_name: str | None = None,
+              log: Callable[[str], None] = print) -> tuple[Path, list[dict]]:
+    """Tune every key of ``models``' chained steps (LM head included) at ``batches`` inside the
+    chain (:func:`labkit.bench.chain.sweep_key`), keeping the table's current configuration and the
+    heuristic's among the candidates (first), and write them into ``out_dir/<gpu-slug>.json``; the
+    time limit is shared evenly by (model, batch), and within it by key."""
+    from ..hw import device_facts
+    from ..ops.linear import PDL_PLACEMENT, tuning_key
+    from .chain import chain_ops, groups, placement_name, sweep_key
+
+    placement = placement or PDL_PLACEMENT
+    facts = device_facts(device, measure=False)
+    name = gpu_name or facts.name
+    dtype = torch.bfloat16 if facts.kind == "cuda" else torch.float32  # the CPU interpreter: for tests
+    path = tuning.tuning_path(name, out_dir)
+    kept = {tuning.key_from_dict(e["key"], str(path)): e for e in tuning.read_tuning_file(path)["linear"]} \
+        if path.exists() else {}
+    old_doc = tuning.read_tuning_file(path) if path.exists() else {}
+    notes = [n for n in old_doc.get("notes", [METHOD_NOTE])
+             if n != CHAIN_NOTE and not (any(b > 1 for b in batches) and "no entries yet" in n)] + [CHAIN_NOTE]
+    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": notes, "linear": []}
+    measured: dict = {}
+    share = None if time_limit_s is None else time_limit_s / (len(models) * len(batches))
+    for preset in models:
+        model = build(preset, dtype=dtype, device=device, seed=0)
+        ops = chain_ops(model)
+        for batch in batches:
+            by_key = groups(ops, batch)
+            t_mb = time.perf_counter()
+            for i, (key, group) in enumerate(by_key.items()):
+                tried, current, heuristic = chain_candidates(model, group, batch, max_candidates)
+                deadline = None if share is None else t_mb + share * (i + 1) / len(by_key)
+                found = sweep_key(model, group, batch, tried, pdl=pdl, placement=placement, repeats=repeats,
+                                  deadline=deadline, log=log)
+                timed = found["timed"]
+                us_of = {c: us for us, c in timed}
+                best_us, best = min(timed, key=lambda t: t[0])
+                log(f"  {preset} B={batch} {'/'.join(sorted({o.case.name for o in group})):40} x{len(group):<3} "
+                    f"current {us_of[current]:7.2f} us, best {best_us:7.2f} us ({len(timed)}/{len(tried)} timed)  {best}")
+                entry = {
+                    "key": tuning.key_to_dict(key), "config": tuning.config_to_dict(best),
+                    "heuristic": tuning.config_to_dict(heuristic),
+                    "us": {"heuristic": round(us_of.get(heuristic, float("nan")), 3), "previous": round(us_of[current], 3),
+                           "tuned": round(best_us, 3)},
+                    "ops": [f"{preset} {name}" for name in sorted({o.case.name for o in group})],
+                    "candidates": len(timed), "method": "chain", "pdl": placement_name(placement) if pdl else None,
+                    "date": _dt.date.today().isoformat(), "source": doc["command"],
+                }
+                if batch > 1 and group[0].layer >= 0:  # the measured dispatch: unfused cuBLAS, if it wins
+                    torch_us = time_unfused(model, group, batch, repeats)
+                    if torch_us is not None:
+                        entry["us"]["torch"] = round(torch_us, 3)
+                        if torch_us < best_us * (1 - DISPATCH_MARGIN):
+                            entry["impl"] = "torch"
+                            log(f"    -> dispatched to torch (norm + cuBLAS + epilogue): {torch_us:7.2f} us")
+                if entry["us"]["heuristic"] != entry["us"]["heuristic"]:  # not reached: no figure
+                    del entry["us"]["heuristic"]
+                for extra in ("rejected", "skipped"):
+                    if found[extra]:
+                        entry[extra] = found[extra]
+                keys = [key]
+                if group[0].layer < 0:  # the LM head: its greedy path must sum as its logits path does
+                    keys.append(key._replace(argmax=True))
+                for kk in keys:
+                    if kk in measured:  # the same shape in another preset: keep the faster figure's config
+                        if measured[kk]["us"]["tuned"] <= best_us:
+                            measured[kk]["ops"] += entry["ops"]
+                            continue
+                    measured[kk] = dict(entry, key=tuning.key_to_dict(kk))
+                    kept.pop(kk, None)
+                tuning.write_tuning_file(path, doc | {"linear": list(measured.values()) + list(kept.values())})
+        del model, ops
+        if facts.kind == "cuda":
+            torch.cuda.empty_cache()
+    return path, list(measured.values())
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="labkit tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,6 +309,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out-dir", type=Path, default=tuning.TUNING_DIR, help="where <gpu-slug>.json goes")
     p.add_argument("--fresh", action="store_true", help="drop the entries of an existing file instead of keeping them")
     p.add_argument("--max-candidates", type=int, help="try at most this many blockings per key (the heuristic's first)")
+    p.add_argument("--chain", action="store_true",
+                   help="tune inside the chained step (labkit.bench.chain), LM head included, instead of each op alone")
+    p.add_argument("--pdl", action="store_true", help="with --chain: launch with programmatic dependent launch")
+    p.add_argument("--placement", default=None, help="with --chain --pdl: e.g. preload+early (default: the code's own)")
     args = p.parse_args(argv)
     for name in args.models:
         if name not in PRESETS:
@@ -186,6 +321,15 @@ def main(argv: list[str]) -> int:
         print("labkit tune times kernels on a CUDA GPU, and there is none here "
               "(the CPU interpreter has its own fixed configuration)")
         return 2
+    if args.chain:
+        from .chain import parse_placement
+
+        placement = parse_placement(args.placement) if args.placement else None
+        path, entries = run_chain(args.models, args.batches, pdl=args.pdl, placement=placement, out_dir=args.out_dir,
+                                  time_limit_s=args.time_limit_s, max_candidates=args.max_candidates,
+                                  command=shlex.join(["python", "-m", "labkit", "tune", *argv]))
+        print(f"wrote {len(entries)} chain-tuned entries to {path}")
+        return 1 if any(e.get("rejected") for e in entries) else 0
     path, entries, left = run(args.models, args.batches, out_dir=args.out_dir, time_limit_s=args.time_limit_s,
                               fresh=args.fresh, max_candidates=args.max_candidates,
                               command=shlex.join(["python", "-m", "labkit", "tune", *argv]))

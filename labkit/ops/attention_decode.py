@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .launch import (
     device_function,
@@ -106,6 +106,11 @@ def _attention_store(o, row, out_ptr, b, heads, gmask, d, dmask,
     tl.store(out_ptr + b * NH * HD + offs, cast(o, OUT_DTYPE, EMULATE_RTNE), mask=mask)
 
 
+# Under PDL, release the next kernel first thing (True) instead of where this kernel always has
+# (False). Safe either way: the next kernel waits for this whole grid before reading its outputs.
+# Not yet measured on a GPU: a switch for labkit.bench experiments, off by default.
+PDL_RELEASE_EARLY = False
+
 @triton.jit
 def _attention_decode_kernel(
     proj_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, lengths_ptr, out_ptr,
@@ -115,6 +120,7 @@ def _attention_decode_kernel(
     GATE: tl.constexpr, UNIT_OFFSET: tl.constexpr,
     G_PAD: tl.constexpr, HD_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
+    RELEASE_EARLY: tl.constexpr,
 ):
     """Grid (B * NKV, cdiv(max_len, CHUNK)); see the module docstring for the maths."""
     pid = tl.program_id(0)
@@ -124,6 +130,10 @@ def _attention_decode_kernel(
     kvh = pid % NKV
     G: tl.constexpr = NH // NKV
     if USE_PDL:
+        if RELEASE_EARLY:
+            # Release the next kernel at once: it waits for this whole grid before reading what
+            # it writes, and meanwhile can put its own weights in flight on SMs this grid leaves idle.
+            gdc_launch_dependents()
         gdc_wait()
     pos = tl.load(lengths_ptr + b)
     c0 = split * CHUNK
@@ -307,7 +317,7 @@ def attention_decode(
         NH=dims.num_heads, NKV=dims.num_kv_heads, HD=hd, ROT=dims.rotary_dim,
         GATE=dims.output_gate, UNIT_OFFSET=bool(unit_offset),
         G_PAD=max(16, next_pow2(dims.group)), HD_PAD=max(16, next_pow2(hd)), CHUNK=ch, BLOCK_S=bs,
-        OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl), **interpreter_flags(dtype),
+        OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl), RELEASE_EARLY=PDL_RELEASE_EARLY, **interpreter_flags(dtype),
         num_warps=num_warps, num_stages=2, launch_pdl=bool(pdl),
     )
     return out

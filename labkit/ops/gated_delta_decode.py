@@ -91,6 +91,11 @@ def _gated_norm_store(o, z_row, norm_w_ptr, out_row, d, dmask, DV: tl.constexpr,
     tl.store(out_row + d, cast(y, OUT_DTYPE, EMULATE_RTNE), mask=dmask)
 
 
+# Under PDL, release the next kernel first thing (True) instead of where this kernel always has
+# (False). Safe either way: the next kernel waits for this whole grid before reading its outputs.
+# Not yet measured on a GPU: a switch for labkit.bench experiments, off by default.
+PDL_RELEASE_EARLY = False
+
 @triton.jit
 def _gdn_decode_kernel(
     proj_ptr, conv_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
@@ -99,7 +104,7 @@ def _gdn_decode_kernel(
     NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KW_PAD: tl.constexpr,
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
     SHARED_QK: tl.constexpr, SPLIT_V: tl.constexpr, OUT_DTYPE: tl.constexpr,
-    DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr,
 ):
     """Grid (B * NV, cdiv(DV, BLOCK_V)); see the module docstring for the maths."""
     pid = tl.program_id(0)
@@ -119,6 +124,10 @@ def _gdn_decode_kernel(
     S = tl.load(s_ptrs, mask=s_mask, other=0.0)
 
     if USE_PDL:
+        if RELEASE_EARLY:
+            # Release the next kernel at once (it waits for this whole grid before reading our
+            # outputs) so that it can put its weights in flight on the SMs this grid leaves idle.
+            gdc_launch_dependents()
         gdc_wait()
     row = proj_ptr + b * P
     conv_state = conv_state_ptr + b * (KW - 1) * C
@@ -154,7 +163,7 @@ def _gdn_decode_kernel(
     o = tl.sum(S * q[:, None], axis=0)  # [BLOCK_V]
     tl.debug_barrier()  # in place: all reads of the old slice come first
     tl.store(s_ptrs, S, mask=s_mask)
-    if USE_PDL:
+    if USE_PDL and not RELEASE_EARLY:
         gdc_launch_dependents()
 
     z_row = row + 2 * NK * DK + NV * DV + hv * DV
@@ -281,7 +290,7 @@ def gdn_decode(
         NK=dims.num_k_heads, NV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim, KW=kw, KW_PAD=next_pow2(kw),
         BLOCK_DK=next_pow2(dims.k_head_dim), BLOCK_DV=next_pow2(dims.v_head_dim), BLOCK_V=block,
         SHARED_QK=group * n_vb > 1, SPLIT_V=n_vb > 1, OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl),
-        **interpreter_flags(dtype), num_warps=num_warps, launch_pdl=bool(pdl),
+        RELEASE_EARLY=PDL_RELEASE_EARLY, **interpreter_flags(dtype), num_warps=num_warps, launch_pdl=bool(pdl),
     )
     return out
 

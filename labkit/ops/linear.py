@@ -26,6 +26,14 @@ to arrive (an atomic counter) sums the partials in a fixed order and runs the ep
 result is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
 parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 programs per SM,
 split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits).
+With programmatic dependent launch (``pdl=True``, Hopper+) the kernel may start while the
+previous one still runs: its weights depend on nothing that kernel writes, so the first K tile of
+each program (all of it when ``k_per_split <= BLOCK_K``) can be loaded before ``gdc_wait``, and the
+next kernel can be released (``gdc_launch_dependents``) at once, after the wait, or after the K loop
+(:class:`PdlPlacement`). Any release point is safe: the next kernel's own wait orders it after this
+whole grid. The default, :data:`PDL_PLACEMENT`, is the placement this kernel has had since PDL came in
+(preload, release after the K loop); the others are there to be measured in the chained step
+(``python -m labkit bench chain --placements ...``) before one of them becomes the default.
 Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
 measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
 would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
@@ -134,6 +142,7 @@ def _linear_kernel(
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
@@ -161,18 +170,26 @@ def _linear_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
 
+    # Programmatic dependent launch (USE_PDL): this kernel may start while the previous one still
+    # runs. Weights depend on nothing launched before, so with PRELOAD the first K tile of every row
+    # block is put in flight before the wait (for k_per_split <= BLOCK_K, all of this program's
+    # weights). RELEASE says when the next kernel may be scheduled: 1 at once (its own wait still
+    # orders it after this whole grid, so releasing early is always safe; it lets the next kernel's
+    # programs take SMs as this one's tail frees them), 2 after the wait, 0 after the K loop.
+    if PRELOAD and BLOCK_M == 1:
+        first = (k_lo + offs_k)[None, :]
+        first_mask = n_mask[:, None] & (first < k_hi)
+        w0_first = tl.load(w0 + first, mask=first_mask, other=0.0)
+        if ROW_BLOCKS >= 2:
+            w1_first = tl.load(w1 + first, mask=first_mask, other=0.0)
+        if ROW_BLOCKS >= 3:
+            w2_first = tl.load(w2 + first, mask=first_mask, other=0.0)
     if USE_PDL:
-        if BLOCK_M == 1:
-            # The weights do not depend on the previous kernel: put the first tile in flight
-            # before waiting for it (for K <= BLOCK_K, that is all of this program's weights).
-            first = (k_lo + offs_k)[None, :]
-            first_mask = n_mask[:, None] & (first < k_hi)
-            w0_first = tl.load(w0 + first, mask=first_mask, other=0.0)
-            if ROW_BLOCKS >= 2:
-                w1_first = tl.load(w1 + first, mask=first_mask, other=0.0)
-            if ROW_BLOCKS >= 3:
-                w2_first = tl.load(w2 + first, mask=first_mask, other=0.0)
+        if RELEASE == 1:
+            gdc_launch_dependents()
         gdc_wait()  # the input rows come from the previous kernel
+        if RELEASE == 2:
+            gdc_launch_dependents()
 
     if NORM:
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -206,7 +223,7 @@ def _linear_kernel(
             if UNIT_OFFSET:
                 nw = nw + 1.0
             xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
-        if USE_PDL and BLOCK_M == 1:
+        if PRELOAD and BLOCK_M == 1:
             if k0 == k_lo:
                 wt0 = w0_first
             else:
@@ -245,7 +262,7 @@ def _linear_kernel(
         acc1 = tl.sum(lanes1, axis=1)[None, :]
         acc2 = tl.sum(lanes2, axis=1)[None, :]
 
-    if USE_PDL:
+    if USE_PDL and RELEASE == 0:
         gdc_launch_dependents()
 
     if SPLIT_K == 1:
@@ -285,6 +302,29 @@ def _linear_kernel(
 
 
 # -- configuration ------------------------------------------------------------------------------------
+RELEASES = {"end": 0, "early": 1, "after_wait": 2}
+
+
+@dataclass(frozen=True)
+class PdlPlacement:
+    """Where a PDL launch of the kernel puts its two calls: ``preload`` the first K tile of weights
+    before ``gdc_wait`` (GEMV loop only: the tl.dot loop is software-pipelined and the wait stays
+    outside it); ``release`` the dependents (``gdc_launch_dependents``) ``"early"`` (first thing),
+    ``"after_wait"``, or at the ``"end"`` of the K loop. Without PDL it has no effect."""
+
+    preload: bool = True
+    release: str = "early"
+
+    def __post_init__(self) -> None:
+        if self.release not in RELEASES:
+            raise ValueError(f"PdlPlacement.release must be one of {sorted(RELEASES)}, got {self.release!r}")
+
+
+# The placement PDL launches use unless told otherwise: the one this kernel has always had. Which
+# placement is fastest in the chained step is measured by labkit.bench.chain (not yet on a GPU).
+PDL_PLACEMENT = PdlPlacement(preload=True, release="end")
+
+
 @dataclass(frozen=True)
 class LinearConfig:
     """Blocking of one skinny GEMM. ``block_m == 1``: GEMV loop; ``block_m >= 16``: tl.dot loop."""
@@ -443,6 +483,7 @@ def linear(
     config: LinearConfig | None = None,
     workspace: LinearWorkspace | None = None,
     pdl: bool = False,
+    placement: PdlPlacement | None = None,
 ) -> torch.Tensor:
     """``epilogue(prologue(x) @ weight^T)`` for x [M, K], weight [N, K] (``[2N, K]`` with swiglu,
     ``[3N, K]`` with short_conv).
@@ -460,7 +501,7 @@ def linear(
     return launch_linear(
         x, weight, out=out, residual=residual, norm_weight=norm_weight, norm_eps=norm_eps,
         norm_unit_offset=norm_unit_offset, swiglu=swiglu, short_conv=short_conv, config=config,
-        workspace=workspace, pdl=pdl,
+        workspace=workspace, pdl=pdl, placement=placement,
     )
 
 
@@ -481,8 +522,10 @@ def launch_linear(
     store_out: bool = True,
     best_val: torch.Tensor | None = None,
     best_idx: torch.Tensor | None = None,
+    placement: PdlPlacement | None = None,
 ) -> torch.Tensor | None:
-    """:func:`linear`, plus the greedy-head epilogue (``best_val``/``best_idx`` [M, n_tiles])."""
+    """:func:`linear`, plus the greedy-head epilogue (``best_val``/``best_idx`` [M, n_tiles]) and
+    the PDL placement (default :data:`PDL_PLACEMENT`; ignored without ``pdl``)."""
     check_tensor("weight", weight, dtype=FLOAT_DTYPES)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
@@ -554,6 +597,9 @@ def launch_linear(
             )
         check_devices(x=x, partials=workspace.partials, counters=workspace.counters)
         part, count = workspace.partials, workspace.counters
+    placement = PDL_PLACEMENT if placement is None else placement
+    if not isinstance(placement, PdlPlacement):
+        raise TypeError(f"placement must be a PdlPlacement, got {type(placement).__name__}")
     argmax = best_val is not None
     if argmax:
         tiles = grid[0]
@@ -569,7 +615,8 @@ def launch_linear(
         ROW_BLOCKS=row_blocks, KW=kw, NORM=norm_weight is not None, UNIT_OFFSET=bool(norm_unit_offset),
         RESIDUAL=residual is not None, SWIGLU=bool(swiglu), SHORT_CONV=short_conv is not None,
         STORE_OUT=out is not None and store_out,
-        ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), **interpreter_flags(dtype),
+        ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
+        RELEASE=RELEASES[placement.release], **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )
     return out
