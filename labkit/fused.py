@@ -17,10 +17,10 @@ step can be captured in one ``torch.cuda.CUDAGraph`` and replayed per token:
 - ``"fused+graph"``: the same launches captured once, replayed per token (CUDA only);
 - ``"fused+graph+pdl"``: as above, each kernel launched with programmatic dependent launch, so it
   is scheduled while its predecessor drains and waits (``griddepcontrol.wait``) only before touching
-  that predecessor's output; the projections load their first weight tile before that wait. Where
-  the kernels release their successors is :data:`labkit.ops.linear.PDL_PLACEMENT` (and
-  ``PDL_RELEASE_EARLY`` in the mixer kernels), to be measured in the chained step
-  (``python -m labkit bench chain``). Hopper or newer; opt-in.
+  that predecessor's output, and releases its own successor first thing. Where the kernels wait
+  and release is :data:`labkit.ops.linear.PDL_PLACEMENT` (and ``PDL_RELEASE_EARLY`` in the mixer
+  kernels), chosen by measuring every placement in the chained step (``python -m labkit bench
+  chain``). Hopper or newer; opt-in.
 
 A decoder lives with its cache (``cache.attachments``), and ``generate`` keeps caches per model
 (see :func:`labkit.backends.pooled_decoder`), so graphs are captured once and replayed by later

@@ -106,10 +106,10 @@ def _attention_store(o, row, out_ptr, b, heads, gmask, d, dmask,
     tl.store(out_ptr + b * NH * HD + offs, cast(o, OUT_DTYPE, EMULATE_RTNE), mask=mask)
 
 
-# Under PDL, release the next kernel first thing (True) instead of where this kernel always has
-# (False). Safe either way: the next kernel waits for this whole grid before reading its outputs.
-# Not yet measured on a GPU: a switch for labkit.bench experiments, off by default.
-PDL_RELEASE_EARLY = False
+# Under PDL, release the next kernel first thing (True) or at the end (False). Safe either way: the
+# next kernel waits for this whole grid before reading its outputs. Early is the default with the
+# projections' no-preload+early placement (labkit.ops.linear.PDL_PLACEMENT), measured fastest.
+PDL_RELEASE_EARLY = True
 
 @triton.jit
 def _attention_decode_kernel(

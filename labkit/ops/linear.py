@@ -320,9 +320,13 @@ class PdlPlacement:
             raise ValueError(f"PdlPlacement.release must be one of {sorted(RELEASES)}, got {self.release!r}")
 
 
-# The placement PDL launches use unless told otherwise: the one this kernel has always had. Which
-# placement is fastest in the chained step is measured by labkit.bench.chain (not yet on a GPU).
-PDL_PLACEMENT = PdlPlacement(preload=True, release="end")
+# The placement PDL launches use unless told otherwise: the fastest of the six in the chained step
+# (labkit.bench.chain, H200, 2026-12-01: LFM2-350M's 65 projections at batch 1, 0.357 ms against
+# 0.434 ms for the old preload+end, which was slower than no PDL at 0.400). Our reading, not yet
+# measured per program: a weight tile loaded before the wait holds the waiting program's registers
+# and SM slot, so programs that could stream are not scheduled; a late release serialises the
+# launches that PDL was meant to overlap.
+PDL_PLACEMENT = PdlPlacement(preload=False, release="early")
 
 
 @dataclass(frozen=True)
