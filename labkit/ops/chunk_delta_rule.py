@@ -111,6 +111,13 @@ PREPARE_KINDS = ("fused", "split")
 # times every form beside fla, and these two lines are what to change if it disagrees.
 PREPARE = "split"
 DEFER_OUTPUTS = True
+# How the split prepare inverts and multiplies (chunk_delta_rule's ``invert`` and ``products``):
+# "rows" substitutes the diagonal blocks a row at a time (no dot rounds), "dots" by 15 dot rounds
+# each; "full" forms W and U0 with X whole (one 64-row tile), "blocks" by its 16 x 16 blocks.
+INVERT_KINDS = ("dots", "rows")
+PRODUCTS_KINDS = ("blocks", "full")
+INVERT = "dots"
+PRODUCTS = "blocks"
 # On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
 # 2026-12-01, with the walk that writes the outputs): off unless asked for (split=N, or this flag).
 SPLIT_BY_DEFAULT = False
@@ -231,6 +238,36 @@ def _invert_unit_lower(L):
 
 
 @device_function
+def _invert4_by_rows(l_at, l_stride, n, SUB: tl.constexpr):
+    """(I + L_bb)^-1 of the chunk's four diagonal 16 x 16 blocks b, L stored float32 at
+    l_at[row * l_stride + column] (strictly lower: zeros on and above the diagonal).
+
+    Forward substitution one row at a time, the four blocks in the same loop (four independent
+    chains the compiler can interleave): row i of X = e_i - sum_{m<i} L[i, m] X[m, :], with X's
+    rows m >= i still e_m, which L[i, m] = 0 leaves out. Each step is a broadcast product and a
+    column sum of a 16 x 16 tile, no tl.dot: the dot form (``_invert_unit_lower``) pays an
+    operand layout conversion through shared memory per round, for 16 x 16 x 16 FMAs. L's row i
+    is loaded from memory straight into the layout it is used in. Rows at or past n stay e_i."""
+    r = tl.arange(0, SUB)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    X0 = eye
+    X1 = eye
+    X2 = eye
+    X3 = eye
+    for i in tl.static_range(1, SUB):
+        a0 = tl.load(l_at + i * l_stride + r, mask=(i < n) & (r < i), other=0.0)
+        a1 = tl.load(l_at + (SUB + i) * l_stride + SUB + r, mask=(SUB + i < n) & (r < i), other=0.0)
+        a2 = tl.load(l_at + (2 * SUB + i) * l_stride + 2 * SUB + r, mask=(2 * SUB + i < n) & (r < i), other=0.0)
+        a3 = tl.load(l_at + (3 * SUB + i) * l_stride + 3 * SUB + r, mask=(3 * SUB + i < n) & (r < i), other=0.0)
+        row = r[:, None] == i
+        X0 = tl.where(row, eye - tl.sum(a0[:, None] * X0, 0)[None, :], X0)
+        X1 = tl.where(row, eye - tl.sum(a1[:, None] * X1, 0)[None, :], X1)
+        X2 = tl.where(row, eye - tl.sum(a2[:, None] * X2, 0)[None, :], X2)
+        X3 = tl.where(row, eye - tl.sum(a3[:, None] * X3, 0)[None, :], X3)
+    return X0, X1, X2, X3
+
+
+@device_function
 def _solve_rows(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB: tl.constexpr, n,
                 X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, c0, c1, c2, c3,
                 SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
@@ -258,6 +295,18 @@ def _solve_rows(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB
                     _mm(Y30, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y31, x1, DT, DOT_F32, EMULATE_RTNE)
                     + _mm(Y32, x2, DT, DOT_F32, EMULATE_RTNE) + _mm(Y33, x3, DT, DOT_F32, EMULATE_RTNE),
                     DT, EMULATE_RTNE)
+
+
+@device_function
+def _solve_rows_full(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB: tl.constexpr, rm, Y,
+                     DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """out = Y x over the chunk's rows (mask rm), Y = X diag(c) whole [C, C]; CB columns at a time."""
+    r = tl.arange(0, Y.shape[0])
+    for col0 in tl.static_range(0, BLOCK_D, CB):
+        cols = col0 + tl.arange(0, CB)
+        cm = cols < D
+        _store_tile(out_at, r, rm, out_stride, cols, cm,
+                    _mm(Y, _tile(x_at, r, rm, x_stride, cols, cm), DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
 
 
 # -- kernel A: the intra-chunk quantities -----------------------------------------------------------
@@ -353,14 +402,19 @@ def _prepare_kernel(
 @device_function
 def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+                 SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, INVERT_ROWS: tl.constexpr):
     """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored float32
     as x[t0 + row, hv, column] (rows past n are not written).
 
     L is formed whole, by one [C, K] x [K, C] product, and parked in x (this program's own rows):
     the solve then reads it back one 16 x 16 block at a time, so that no key tile stays live
     through the solve (the fused kernel's register pressure). Row block i of X replaces row block
-    i of L once every thread has read the latter (a barrier: the same program's threads)."""
+    i of L once every thread has read the latter (a barrier: the same program's threads).
+
+    INVERT_ROWS: the diagonal blocks by row substitution, all four at once
+    (:func:`_invert4_by_rows`), then every off-diagonal block from registers and one store of
+    all of X at the end (no barrier between the blocks); else block row by block row with
+    ``_invert_unit_lower``'s dot rounds."""
     C: tl.constexpr = 4 * SUB
     hk = hv // (HV // HK)
     kk = tl.arange(0, BLOCK_K)
@@ -378,34 +432,60 @@ def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
     r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
     m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
     full = r0 < SUB
-    X00 = _invert_unit_lower(_tile(x_at, r0, m0, HV * C, r0, full))
-    tl.debug_barrier()
-    _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
-    X11 = _invert_unit_lower(_tile(x_at, r1, m1, HV * C, r1, full))
-    X10 = -_mm32(X11, _mm32(_tile(x_at, r1, m1, HV * C, r0, full), X00, True), True)
-    tl.debug_barrier()
-    _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
-    _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
-    L21 = _tile(x_at, r2, m2, HV * C, r1, full)
-    X22 = _invert_unit_lower(_tile(x_at, r2, m2, HV * C, r2, full))
-    X21 = -_mm32(X22, _mm32(L21, X11, True), True)
-    X20 = -_mm32(X22, _mm32(_tile(x_at, r2, m2, HV * C, r0, full), X00, True) + _mm32(L21, X10, True), True)
-    tl.debug_barrier()
-    _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
-    L31 = _tile(x_at, r3, m3, HV * C, r1, full)
-    L32 = _tile(x_at, r3, m3, HV * C, r2, full)
-    X33 = _invert_unit_lower(_tile(x_at, r3, m3, HV * C, r3, full))
-    X32 = -_mm32(X33, _mm32(L32, X22, True), True)
-    X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
-    X30 = -_mm32(X33, _mm32(_tile(x_at, r3, m3, HV * C, r0, full), X00, True) + _mm32(L31, X10, True)
-                 + _mm32(L32, X20, True), True)
-    tl.debug_barrier()
-    _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
+    if INVERT_ROWS:
+        X00, X11, X22, X33 = _invert4_by_rows(x_at, HV * C, n, SUB)
+        L10 = _tile(x_at, r1, m1, HV * C, r0, full)
+        L20 = _tile(x_at, r2, m2, HV * C, r0, full)
+        L21 = _tile(x_at, r2, m2, HV * C, r1, full)
+        L30 = _tile(x_at, r3, m3, HV * C, r0, full)
+        L31 = _tile(x_at, r3, m3, HV * C, r1, full)
+        L32 = _tile(x_at, r3, m3, HV * C, r2, full)
+        X10 = -_mm32(X11, _mm32(L10, X00, True), True)
+        X21 = -_mm32(X22, _mm32(L21, X11, True), True)
+        X32 = -_mm32(X33, _mm32(L32, X22, True), True)
+        X20 = -_mm32(X22, _mm32(L20, X00, True) + _mm32(L21, X10, True), True)
+        X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
+        X30 = -_mm32(X33, _mm32(L30, X00, True) + _mm32(L31, X10, True) + _mm32(L32, X20, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
+        _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
+        _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
+    else:
+        X00 = _invert_unit_lower(_tile(x_at, r0, m0, HV * C, r0, full))
+        tl.debug_barrier()
+        _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
+        X11 = _invert_unit_lower(_tile(x_at, r1, m1, HV * C, r1, full))
+        X10 = -_mm32(X11, _mm32(_tile(x_at, r1, m1, HV * C, r0, full), X00, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
+        _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
+        L21 = _tile(x_at, r2, m2, HV * C, r1, full)
+        X22 = _invert_unit_lower(_tile(x_at, r2, m2, HV * C, r2, full))
+        X21 = -_mm32(X22, _mm32(L21, X11, True), True)
+        X20 = -_mm32(X22, _mm32(_tile(x_at, r2, m2, HV * C, r0, full), X00, True) + _mm32(L21, X10, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
+        L31 = _tile(x_at, r3, m3, HV * C, r1, full)
+        L32 = _tile(x_at, r3, m3, HV * C, r2, full)
+        X33 = _invert_unit_lower(_tile(x_at, r3, m3, HV * C, r3, full))
+        X32 = -_mm32(X33, _mm32(L32, X22, True), True)
+        X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
+        X30 = -_mm32(X33, _mm32(_tile(x_at, r3, m3, HV * C, r0, full), X00, True) + _mm32(L31, X10, True)
+                     + _mm32(L32, X20, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
 
 
 @triton.jit
@@ -413,6 +493,7 @@ def _solve_kernel(
     k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, num_seqs,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    INVERT_ROWS: tl.constexpr,
 ):
     """Grid (chunk slots, HV): G and X of one chunk of one value head (the first half of
     ``_prepare_kernel``'s work)."""
@@ -422,7 +503,7 @@ def _solve_kernel(
     n = tl.minimum(eos - t0, C)
     if n > 0:
         _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
-                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
+                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE, INVERT_ROWS)
 
 
 @triton.jit
@@ -431,9 +512,14 @@ def _products_kernel(
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
     SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    FULL_X: tl.constexpr,
 ):
     """Grid (chunk slots, HV, 3): from the stored X and G, one of W = X diag(beta e^G) K (part 0),
-    U0 = X diag(beta) V (part 1), P = M o (Q K^T) / sqrt(K) (part 2), each by its own program."""
+    U0 = X diag(beta) V (part 1), P = M o (Q K^T) / sqrt(K) (part 2), each by its own program.
+
+    FULL_X: W and U0 as one [C, C] x [C, cols] product each (X whole, its zero upper blocks
+    included: one tensor-core tile of 64 rows, as fla's recompute of w and u does); else by its
+    16 x 16 blocks (``_solve_rows``: no multiplications by zero blocks, but ten small products)."""
     C: tl.constexpr = 4 * SUB
     seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
     hv = tl.program_id(1)
@@ -453,6 +539,19 @@ def _products_kernel(
             P = _decayed(_tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask),
                          _tile(k_at, r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32)
             _store_tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, P * scale, DT, EMULATE_RTNE)
+        elif FULL_X:
+            r = tl.arange(0, C)
+            rm = r < n
+            x_at = _at(x_ptr, t0, HV, hv, C)
+            X = _tile(x_at, r, rm, HV * C, r, r < C)  # rows past n are another chunk's: masked to 0
+            cs = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+            if part == 0:
+                cs = cs * tl.exp(tl.load(gcum_at + r * HV, mask=rm, other=0.0))
+                _solve_rows_full(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, rm, X * cs[None, :],
+                                 DT, DOT_F32, EMULATE_RTNE)
+            else:
+                _solve_rows_full(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV,
+                                 BLOCK_DV, VC, rm, X * cs[None, :], DT, DOT_F32, EMULATE_RTNE)
         else:
             x_at = _at(x_ptr, t0, HV, hv, C)
             beta_at = _at(beta_ptr, t0, HV, hv, 1)
@@ -776,6 +875,10 @@ def chunk_delta_rule(
     prepare_warps: int | None = None,
     defer_outputs: bool | None = None,
     output_block_v: int | None = None,
+    invert: str | None = None,
+    products: str | None = None,
+    products_warps: int | None = None,
+    output_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`.
@@ -801,7 +904,10 @@ def chunk_delta_rule(
         then W, U0 and P by separate programs); None: ``PREPARE``. prepare_warps: their warps.
     defer_outputs: the walk leaves the outputs to a parallel kernel (it stores each chunk's start
         state and deltas instead); None: ``DEFER_OUTPUTS``. output_block_v: that kernel's value
-        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's).
+        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's); output_warps: its warps.
+    invert, products: with prepare="split", how X's diagonal blocks are inverted ("dots" or "rows")
+        and how W and U0 are formed ("blocks" or "full"); None: ``INVERT``, ``PRODUCTS``.
+        products_warps: the products kernel's warps (default: prepare_warps).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -868,6 +974,14 @@ def chunk_delta_rule(
     total = B * T
     if prepare not in (None, *PREPARE_KINDS):
         raise ValueError(f"prepare must be one of {PREPARE_KINDS} or None, got {prepare!r}")
+    if invert not in (None, *INVERT_KINDS):
+        raise ValueError(f"invert must be one of {INVERT_KINDS} or None, got {invert!r}")
+    if products not in (None, *PRODUCTS_KINDS):
+        raise ValueError(f"products must be one of {PRODUCTS_KINDS} or None, got {products!r}")
+    for name, warps in (("num_warps", num_warps), ("prepare_warps", prepare_warps),
+                        ("products_warps", products_warps), ("output_warps", output_warps)):
+        if warps is not None and (not isinstance(warps, int) or warps < 1 or warps & (warps - 1)):
+            raise ValueError(f"{name} must be a power of two >= 1, got {warps!r}")
     if split is None:
         split = prefill_split(N, Hv, v_blocks, total) if SPLIT_BY_DEFAULT else 0
     if not isinstance(split, int) or split < 0:
@@ -904,12 +1018,13 @@ def chunk_delta_rule(
         x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
         _solve_kernel[(chunk_slots, Hv)](
             k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-            DT=tl_dtype, **flags, num_warps=prepare_warps,
+            DT=tl_dtype, **flags, INVERT_ROWS=(invert or INVERT) == "rows", num_warps=prepare_warps,
         )
         _products_kernel[(chunk_slots, Hv, 3)](
             q, k, v, beta, cu_seqlens, x, gcum, w, u, p, N, scale,
             HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
-            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=prepare_warps,
+            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, FULL_X=(products or PRODUCTS) == "full",
+            num_warps=products_warps or prepare_warps,
         )
 
     common = dict(HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_N=block_n)
@@ -948,6 +1063,6 @@ def chunk_delta_rule(
             raise ValueError(f"output_block_v must be a power of two >= 16, got {out_block_v}")
         _output_kernel[(chunk_slots, Hv, cdiv(V, out_block_v))](
             q, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
-            **{**common, "BLOCK_V": out_block_v}, num_warps=4,
+            **{**common, "BLOCK_V": out_block_v}, num_warps=output_warps,
         )
     return out, final_state
