@@ -38,7 +38,12 @@ picks the defaults, ``PREPARE`` and ``DEFER_OUTPUTS``):
 - ``prepare="split"``: ``_solve_kernel`` forms L whole (one [C, K] x [K, C] product), parks it in
   an X buffer and inverts it block by block from there (no key tile stays live through the solve,
   which is what makes the fused kernel spill), then ``_products_kernel`` forms W, U0 and P, each
-  by its own program (grid (chunk slots, Hv, 3)), from the stored X and G.
+  by its own program (grid (chunk slots, Hv, 3)), from the stored X and G. Two choices inside it:
+  ``invert="rows"`` inverts the four diagonal blocks together by forward substitution a row at a
+  time (broadcast products and in-warp sums, about 50 barriers a chunk on sm_90) instead of 15
+  dot rounds each (``"dots"``: a layout conversion through shared memory per round, about 170
+  barriers), and ``products="full"`` forms W and U0 with X whole, one 64-row tensor-core product
+  per column block, instead of ten 16 x 16 block products (``"blocks"``).
 - ``defer_outputs``: the walk keeps only the two products the recurrence needs (U = U0 - W S and
   the state update) and stores each chunk's start state S0 and deltas U in the input dtype (the
   rounding the output products would apply anyway); ``_output_kernel`` then forms every chunk's
@@ -245,26 +250,28 @@ def _invert4_by_rows(l_at, l_stride, n, SUB: tl.constexpr):
     Forward substitution one row at a time, the four blocks in the same loop (four independent
     chains the compiler can interleave): row i of X = e_i - sum_{m<i} L[i, m] X[m, :], with X's
     rows m >= i still e_m, which L[i, m] = 0 leaves out. Each step is a broadcast product and a
-    column sum of a 16 x 16 tile, no tl.dot: the dot form (``_invert_unit_lower``) pays an
-    operand layout conversion through shared memory per round, for 16 x 16 x 16 FMAs. L's row i
-    is loaded from memory straight into the layout it is used in. Rows at or past n stay e_i."""
+    sum of a 16 x 16 tile, no tl.dot: the dot form (``_invert_unit_lower``) pays an operand
+    layout conversion through shared memory per round, for 16 x 16 x 16 FMAs. The blocks are
+    kept transposed (Y = X^T, row i of X is column i of Y), so that the sum runs along a tile's
+    second axis, which Triton lays out within a warp: shuffles, no barrier per step. L's row i is
+    loaded from memory straight into the layout it is used in. Rows at or past n stay e_i."""
     r = tl.arange(0, SUB)
     eye = (r[:, None] == r[None, :]).to(tl.float32)
-    X0 = eye
-    X1 = eye
-    X2 = eye
-    X3 = eye
+    Y0 = eye
+    Y1 = eye
+    Y2 = eye
+    Y3 = eye
     for i in tl.static_range(1, SUB):
         a0 = tl.load(l_at + i * l_stride + r, mask=(i < n) & (r < i), other=0.0)
         a1 = tl.load(l_at + (SUB + i) * l_stride + SUB + r, mask=(SUB + i < n) & (r < i), other=0.0)
         a2 = tl.load(l_at + (2 * SUB + i) * l_stride + 2 * SUB + r, mask=(2 * SUB + i < n) & (r < i), other=0.0)
         a3 = tl.load(l_at + (3 * SUB + i) * l_stride + 3 * SUB + r, mask=(3 * SUB + i < n) & (r < i), other=0.0)
-        row = r[:, None] == i
-        X0 = tl.where(row, eye - tl.sum(a0[:, None] * X0, 0)[None, :], X0)
-        X1 = tl.where(row, eye - tl.sum(a1[:, None] * X1, 0)[None, :], X1)
-        X2 = tl.where(row, eye - tl.sum(a2[:, None] * X2, 0)[None, :], X2)
-        X3 = tl.where(row, eye - tl.sum(a3[:, None] * X3, 0)[None, :], X3)
-    return X0, X1, X2, X3
+        col = r[None, :] == i
+        Y0 = tl.where(col, eye - tl.sum(Y0 * a0[None, :], 1)[:, None], Y0)
+        Y1 = tl.where(col, eye - tl.sum(Y1 * a1[None, :], 1)[:, None], Y1)
+        Y2 = tl.where(col, eye - tl.sum(Y2 * a2[None, :], 1)[:, None], Y2)
+        Y3 = tl.where(col, eye - tl.sum(Y3 * a3[None, :], 1)[:, None], Y3)
+    return tl.trans(Y0), tl.trans(Y1), tl.trans(Y2), tl.trans(Y3)
 
 
 @device_function

@@ -65,7 +65,24 @@ VARIANTS = [
     ("B+out8", {**BASE, "output_warps": 8}),
     ("B+ob128", {**BASE, "output_block_v": 128}),
     ("B+walk-outputs", {**BASE, "defer_outputs": False}),
+    ("B+split-auto", {**BASE, "split": "auto"}),  # prefill_split's choice (0 for the packed batch)
+    ("B+bv16+split-auto", {**BASE, "block_v": 16, "split": "auto"}),
 ]
+
+
+def options(kw: dict, sequences: int, length: int) -> dict:
+    """chunk_delta_rule's keyword arguments for a variant and case: split 0 unless the variant names
+    one ("auto": what prefill_split picks for the case)."""
+    from labkit.ops.chunk_delta_rule import prefill_block_v, prefill_split
+
+    kw = dict(kw)
+    split = kw.pop("split", 0)
+    if split == "auto":
+        blocks = -(-DIM // (kw.get("block_v") or prefill_block_v(DIM)))
+        split = prefill_split(sequences, HEADS, blocks, sequences * length)
+    return {**kw, "split": split}
+
+
 PROFILED = ["old:fused+walk-outputs", "new:split+deferred", "rows+full+pw4"]
 
 
@@ -130,10 +147,10 @@ def lab() -> None:
     rows = []
     data = {case: inputs(*case) for case in CASES}
 
-    def run(x, kw, poisoned=True):
-        out = torch.full_like(x["v"], float("nan")) if poisoned else None
-        fin = torch.full_like(x["initial_state"], float("nan")) if poisoned else None
-        return chunk_delta_rule(**x, split=0, out=out, final_state=fin, **kw)
+    def run(x, kw):
+        out = torch.full_like(x["v"], float("nan"))
+        fin = torch.full_like(x["initial_state"], float("nan"))
+        return chunk_delta_rule(**x, out=out, final_state=fin, **kw)
 
     # references: the recurrence at CHECK_CASE (float32, step by step), the old form elsewhere
     x = data[CHECK_CASE]
@@ -147,7 +164,8 @@ def lab() -> None:
         t0 = time.time()
         try:
             for case in CASES:
-                o, s = run(data[case], kw)
+                o, s = run(data[case], options(kw, *case))
+                row.setdefault("split", {})[f"{case}"] = options(kw, *case)["split"]
                 if case not in refs:  # the first variant (the old form) is the reference elsewhere
                     refs[case] = (o.float(), s.clone())
                     row["checks"][f"{case}"] = "is the reference"
@@ -178,7 +196,8 @@ def lab() -> None:
         for name, kw in ok:
             row = by_name[name]
             try:
-                ms = measure(lambda: chunk_delta_rule(**x, split=0, **kw), device="cuda", graph=True, repeats=REPS).ms
+                kwc = options(kw, *case)
+                ms = measure(lambda: chunk_delta_rule(**x, **kwc), device="cuda", graph=True, repeats=REPS).ms
                 row.setdefault("ms", {})[f"{case}"] = ms
             except Exception as exc:  # noqa: BLE001
                 row.setdefault("time_errors", {})[f"{case}"] = repr(exc)[:300]
@@ -190,7 +209,7 @@ def lab() -> None:
     for name, kw in ok:
         if name in PROFILED and time.time() - T_START < 80:
             try:
-                prof[name] = kernel_times(lambda: chunk_delta_rule(**data[CASES[1]], split=0, **kw))
+                prof[name] = kernel_times(lambda: chunk_delta_rule(**data[CASES[1]], **options(kw, *CASES[1])))
                 log("profile", name, prof[name])
             except Exception as exc:  # noqa: BLE001
                 prof[name] = repr(exc)[:300]
@@ -306,7 +325,7 @@ def precompile() -> None:
         for name, kw in VARIANTS:
             t0 = time.time()
             try:
-                cdr.chunk_delta_rule(**x, split=0, **kw)
+                cdr.chunk_delta_rule(**x, **options(kw, sequences, length))
                 log("compiled", name, (sequences, length), f"{time.time() - t0:.1f}s")
             except Exception as exc:  # noqa: BLE001
                 log("FAILED", name, repr(exc)[:300])
