@@ -120,18 +120,20 @@ def test_split_prepare_matches_recurrence(dtype, device):
     assert rel_err(s, s_ref) < BOUND[dtype]
 
 
-@pytest.mark.parametrize("invert,products", [("rows", "full"), ("rows", "blocks"), ("dots", "full")])
+@pytest.mark.parametrize("invert,products,recompute_p", [("rows", "full", True), ("rows", "blocks", False),
+                                                         ("dots", "full", False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_solve_and_product_forms_match_recurrence(invert, products, dtype, device):
-    """The split prepare's forms (row-substitution inverse, W and U0 from X whole) on packed
-    sequences with partial chunks (70 = 64 + 6, 33, 1), an empty one, grouped heads, odd head dims."""
+def test_solve_and_product_forms_match_recurrence(invert, products, recompute_p, dtype, device):
+    """The split prepare's forms (row-substitution inverse, W and U0 from X whole, P formed by the
+    output kernel) on packed sequences with partial chunks (70 = 64 + 6, 33, 1), an empty one,
+    grouped heads, odd head dims."""
     lengths = [70, 1, 0, 33]
     q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=45, dtype=dtype, device=device)
     state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(46)).to(device)
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
     o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split=0, prepare="split", invert=invert, products=products,
-                products_warps=2, output_warps=2)
+                products_warps=2, output_warps=2, defer_outputs=True, recompute_p=recompute_p)
     assert rel_err(o, o_ref) < BOUND[dtype]
     assert rel_err(s, s_ref) < BOUND[dtype]
 
@@ -144,6 +146,8 @@ def test_unknown_solve_forms_are_refused(device):
         chunk_delta_rule(q, k, v, g, beta, state, products="dense")
     with pytest.raises(ValueError, match="products_warps must be a power of two"):
         chunk_delta_rule(q, k, v, g, beta, state, products_warps=3)
+    with pytest.raises(ValueError, match="recompute_p needs defer_outputs"):
+        chunk_delta_rule(q, k, v, g, beta, state, defer_outputs=False, recompute_p=True)
 
 
 @pytest.mark.parametrize("split", [0, 1])

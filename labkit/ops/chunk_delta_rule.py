@@ -123,6 +123,8 @@ INVERT_KINDS = ("dots", "rows")
 PRODUCTS_KINDS = ("blocks", "full")
 INVERT = "dots"
 PRODUCTS = "blocks"
+# With deferred outputs: P formed by the output kernel rather than stored by the prepare
+RECOMPUTE_P = False
 # On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
 # 2026-12-01, with the walk that writes the outputs): off unless asked for (split=N, or this flag).
 SPLIT_BY_DEFAULT = False
@@ -705,13 +707,16 @@ def _walk_kernel(
 
 @triton.jit
 def _output_kernel(
-    q_ptr, p_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, num_seqs, scale,
+    q_ptr, k_ptr, p_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, num_seqs, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
-    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, RECOMPUTE_P: tl.constexpr,
 ):
     """Grid (chunk slots, HV, value blocks), all in parallel after a DEFER_OUTPUTS walk:
-    O = diag(exp(G)) Q S0 / sqrt(K) + P U of one chunk, from its start state S0 and deltas U."""
+    O = diag(exp(G)) Q S0 / sqrt(K) + P U of one chunk, from its start state S0 and deltas U.
+    RECOMPUTE_P: P = M o (Q K^T) / sqrt(K) formed here from the key tile (one [C, K] x [K, C]
+    product) instead of read from p (which the prepare then never writes): 2 x C bytes less of
+    traffic per token and value head, for a product per value block."""
     unit = tl.program_id(0)
     hv = tl.program_id(1)
     seq, c, bos, eos = _locate(cu_ptr, unit, num_seqs, C, BLOCK_N)
@@ -725,7 +730,10 @@ def _output_kernel(
         rm = r < n
         G = tl.load(_at(gcum_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0)
         q = _tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
-        P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
+        if RECOMPUTE_P:
+            P = _decayed(q, _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32) * scale
+        else:
+            P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
         U = _tile(_at(unew_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask)
         O = (tl.exp(G) * scale)[:, None] * _mm(q, S, DT, DOT_F32, EMULATE_RTNE) + _mm(P, U, DT, DOT_F32, EMULATE_RTNE)
         _store_tile(_at(o_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
@@ -886,6 +894,7 @@ def chunk_delta_rule(
     products: str | None = None,
     products_warps: int | None = None,
     output_warps: int = 4,
+    recompute_p: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`.
@@ -915,6 +924,8 @@ def chunk_delta_rule(
     invert, products: with prepare="split", how X's diagonal blocks are inverted ("dots" or "rows")
         and how W and U0 are formed ("blocks" or "full"); None: ``INVERT``, ``PRODUCTS``.
         products_warps: the products kernel's warps (default: prepare_warps).
+    recompute_p: with defer_outputs, the output kernel forms P itself (the prepare skips it);
+        None: ``RECOMPUTE_P`` where the outputs are deferred.
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -1014,6 +1025,10 @@ def chunk_delta_rule(
     chunk_slots = _units(total, B, T, N, CHUNK, varlen)
     block_dv = max(16, next_pow2(V))
     prepare = prepare or PREPARE
+    defer = DEFER_OUTPUTS if defer_outputs is None else bool(defer_outputs)
+    if recompute_p and not defer:
+        raise ValueError("recompute_p needs defer_outputs: the walk that writes the outputs reads P")
+    recompute_p = defer and (RECOMPUTE_P if recompute_p is None else bool(recompute_p))
     prepare_warps = prepare_warps or (8 if block_k >= 128 else 4)
     if prepare == "fused":
         _prepare_kernel[(chunk_slots, Hv)](
@@ -1027,7 +1042,7 @@ def chunk_delta_rule(
             k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
             DT=tl_dtype, **flags, INVERT_ROWS=(invert or INVERT) == "rows", num_warps=prepare_warps,
         )
-        _products_kernel[(chunk_slots, Hv, 3)](
+        _products_kernel[(chunk_slots, Hv, 2 if recompute_p else 3)](
             q, k, v, beta, cu_seqlens, x, gcum, w, u, p, N, scale,
             HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
             BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, FULL_X=(products or PRODUCTS) == "full",
@@ -1053,7 +1068,6 @@ def chunk_delta_rule(
     else:
         seg_tokens, start, grid0 = total, initial_state, N
     ckpt_rows = 0 if checkpoints is None else checkpoints.shape[0]
-    defer = DEFER_OUTPUTS if defer_outputs is None else bool(defer_outputs)
     unew = states = None
     if defer:
         unew = torch.empty(total, Hv, V, dtype=dtype, device=device)
@@ -1069,7 +1083,8 @@ def chunk_delta_rule(
         if out_block_v < 16 or out_block_v & (out_block_v - 1):
             raise ValueError(f"output_block_v must be a power of two >= 16, got {out_block_v}")
         _output_kernel[(chunk_slots, Hv, cdiv(V, out_block_v))](
-            q, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
+            q, k, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
+            RECOMPUTE_P=recompute_p,
             **{**common, "BLOCK_V": out_block_v}, num_warps=output_warps,
         )
     return out, final_state
