@@ -43,7 +43,8 @@ picks the defaults, ``PREPARE`` and ``DEFER_OUTPUTS``):
   time (broadcast products and in-warp sums, about 50 barriers a chunk on sm_90) instead of 15
   dot rounds each (``"dots"``: a layout conversion through shared memory per round, about 170
   barriers), and ``products="full"`` forms W and U0 with X whole, one 64-row tensor-core product
-  per column block, instead of ten 16 x 16 block products (``"blocks"``).
+  per column block, instead of ten 16 x 16 block products (``"blocks"``). ``prepare="merged"`` runs
+  the two kernels' work ("rows", then "full") one after the other in one program per chunk.
 - ``defer_outputs``: the walk keeps only the two products the recurrence needs (U = U0 - W S and
   the state update) and stores each chunk's start state S0 and deltas U in the input dtype (the
   rounding the output products would apply anyway); ``_output_kernel`` then forms every chunk's
@@ -108,7 +109,7 @@ MAX_HEAD_DIM = 256
 # A segment shorter than this many chunks does not repay the combine's per-segment [K, K] product
 # (a guess until the benchmark sweeps it on the GPU).
 MIN_SEGMENT_CHUNKS = 8
-PREPARE_KINDS = ("fused", "split")
+PREPARE_KINDS = ("fused", "split", "merged")
 # The defaults (see chunk_delta_rule's ``prepare`` and ``defer_outputs``): the split prepare (no
 # spills on sm_90, where the fused one spills at 255 registers) and the walk without the output
 # products (half its sequential work; fla's layout). Chosen from the compiler's register counts and
@@ -596,6 +597,44 @@ def _products_kernel(
                             b0, b1, b2, b3, SUB, DT, DOT_F32, EMULATE_RTNE)
 
 
+@triton.jit
+def _solve_products_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, w_ptr, u_ptr, p_ptr, num_seqs, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, WITH_P: tl.constexpr,
+):
+    """Grid (chunk slots, HV), prepare="merged": ``_solve_kernel``'s work (row-substitution inverse),
+    then, in the same program, ``_products_kernel``'s with X whole: W, U0 and (WITH_P) P. X is read
+    back by the program that stored it (after a barrier), from cache rather than by another kernel."""
+    C: tl.constexpr = 4 * SUB
+    seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
+    hv = tl.program_id(1)
+    t0 = bos + c * C
+    n = tl.minimum(eos - t0, C)
+    if n > 0:
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
+                     EMULATE_RTNE, True)
+        tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
+        hk = hv // (HV // HK)
+        kk = tl.arange(0, BLOCK_K)
+        kmask = kk < DK
+        k_at = _at(k_ptr, t0, HK, hk, DK)
+        r = tl.arange(0, C)
+        rm = r < n
+        G = tl.load(_at(gcum_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0)
+        b = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+        X = _tile(_at(x_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
+        _solve_rows_full(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, rm,
+                         X * (b * tl.exp(G))[None, :], DT, DOT_F32, EMULATE_RTNE)
+        _solve_rows_full(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV, BLOCK_DV,
+                         VC, rm, X * b[None, :], DT, DOT_F32, EMULATE_RTNE)
+        if WITH_P:
+            P = _decayed(_tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask),
+                         _tile(k_at, r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32)
+            _store_tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, P * scale, DT, EMULATE_RTNE)
+
+
 # -- the state walk ---------------------------------------------------------------------------------
 @device_function
 def _advance(S, t0, end, hv, hk, q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, gcum_ptr, o_ptr,
@@ -916,8 +955,10 @@ def chunk_delta_rule(
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
         warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
         without spills on sm_90: python -m labkit.compile_check_prefill).
-    prepare: "fused" (one kernel for the intra-chunk quantities) or "split" (the triangular solve,
-        then W, U0 and P by separate programs); None: ``PREPARE``. prepare_warps: their warps.
+    prepare: "fused" (one kernel for the intra-chunk quantities), "split" (the triangular solve,
+        then W, U0 and P by separate programs) or "merged" (the split's two kernels in one program
+        per chunk: the "rows" inverse, then the "full" products); None: ``PREPARE``.
+        prepare_warps: their warps.
     defer_outputs: the walk leaves the outputs to a parallel kernel (it stores each chunk's start
         state and deltas instead); None: ``DEFER_OUTPUTS``. output_block_v: that kernel's value
         columns per program (default ``OUTPUT_BLOCK_V``, at most the head's); output_warps: its warps.
@@ -1035,6 +1076,13 @@ def chunk_delta_rule(
             q, k, v, g, beta, cu_seqlens, w, u, p, gcum, N, scale,
             HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
             BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=prepare_warps,
+        )
+    elif prepare == "merged":
+        x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
+        _solve_products_kernel[(chunk_slots, Hv)](
+            q, k, v, g, beta, cu_seqlens, x, gcum, w, u, p, N, scale,
+            HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
+            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, WITH_P=not recompute_p, num_warps=prepare_warps,
         )
     else:
         x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)

@@ -54,6 +54,8 @@ VARIANTS = [  # most telling first: a long compile phase (no Triton cache hit) c
     ("rows+full+pw4", BASE),
     ("B+recompute-p", {**BASE, "recompute_p": True}),
     ("B+walk-outputs", {**BASE, "defer_outputs": False}),
+    ("merged+pw4+recompute-p", {**BASE, "prepare": "merged", "recompute_p": True}),
+    ("merged+pw8+recompute-p", {**BASE, "prepare": "merged", "recompute_p": True, "prepare_warps": 8}),
     ("rows+full", dict(prepare="split", defer_outputs=True, invert="rows", products="full", prepare_warps=8)),
     ("B+walk4", {**BASE, "num_warps": 4}),
     ("B+bv16", {**BASE, "block_v": 16}),
@@ -88,7 +90,8 @@ def options(kw: dict, sequences: int, length: int) -> dict:
     return {**kw, "split": split}
 
 
-PROFILED = ["old:fused+walk-outputs", "new:split+deferred", "rows+full+pw4", "B+recompute-p", "B+walk-outputs"]
+PROFILED = ["old:fused+walk-outputs", "new:split+deferred", "rows+full+pw4", "B+recompute-p", "B+walk-outputs",
+            "merged+pw4+recompute-p"]
 
 
 def log(*a):
