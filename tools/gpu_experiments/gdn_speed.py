@@ -74,6 +74,12 @@ VARIANTS = [  # most telling first: a long compile phase (no Triton cache hit) c
     ("B+out8", {**BASE, "output_warps": 8}),
     ("B+ob128", {**BASE, "output_block_v": 128}),
     ("B+bv16+split-auto", {**BASE, "block_v": 16, "split": "auto"}),
+    # combinations of the single changes above (each kernel's options are independent of the others')
+    ("C:B+recompute-p+bv16", {**BASE, "recompute_p": True, "block_v": 16}),
+    ("C:B+recompute-p+bv16+walk4", {**BASE, "recompute_p": True, "block_v": 16, "num_warps": 4}),
+    ("C:merged8+recompute-p+bv16", {**BASE, "prepare": "merged", "prepare_warps": 8, "recompute_p": True,
+                                    "block_v": 16}),
+    ("C:B+recompute-p+split-auto", {**BASE, "recompute_p": True, "split": "auto"}),
 ]
 
 
