@@ -222,17 +222,20 @@ def lab() -> None:
             save("lab.json", rows)
         line = "  ".join(f"{n}={by_name[n].get('ms', {}).get(str(case), float('nan')):.3f}" for n, _ in ok)
         log(f"{case} ms:", line)
+    try:
+        rope()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
     # per-kernel split of a call at 16k tokens, for the forms that matter
     prof = {}
     for name, kw in ok:
-        if name in PROFILED and time.time() - T_START < 80:
+        if name in PROFILED and time.time() - T_START < 84:
             try:
                 prof[name] = kernel_times(lambda: chunk_delta_rule(**data[CASES[1]], **options(kw, *CASES[1])))
                 log("profile", name, prof[name])
             except Exception as exc:  # noqa: BLE001
                 prof[name] = repr(exc)[:300]
     save("lab_profile.json", prof)
-    rope()
 
 
 # -- q/k RMSNorm + RoPE ------------------------------------------------------------------------------
