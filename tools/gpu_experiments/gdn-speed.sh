@@ -1,4 +1,4 @@
-# expected run time ~75 s (hard cap 97 s): GDN prefill forms checked then timed beside fla (T=4k, 16k, 8 x 2k), q/k norm+RoPE forms
+# expected run time ~80 s (hard cap 97 s): GDN prefill walk/output/merged-prepare options checked then timed beside fla (T=4k, 16k)
 # Round B of gdn-speed (issue #12). lab and fla run side by side and take turns on the GPU through flag
 # files in $RES (fla autotunes while lab compiles and checks; then fla times; then lab times): see
 # tools/gpu_experiments/gdn_speed.py. Every step writes under $RES even when it fails.
