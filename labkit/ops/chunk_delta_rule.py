@@ -122,8 +122,15 @@ DEFER_OUTPUTS = True
 # each; "full" forms W and U0 with X whole (one 64-row tile), "blocks" by its 16 x 16 blocks.
 INVERT_KINDS = ("dots", "rows")
 PRODUCTS_KINDS = ("blocks", "full")
-INVERT = "dots"
-PRODUCTS = "blocks"
+# Measured on the H200 (2026-12-01, tools/gpu_experiments/gdn-speed.sh, B = 1, 16 heads, K = V = 128,
+# bf16): "rows" + "full" at 4 warps took the split prepare from 1,161 to 306 us at T = 16,384
+# (solve 330 -> 150, products 831 -> 156), the whole call from 0.433 / 1.773 / 1.515 ms to
+# 0.246 / 0.922 / 0.652 ms at T = 4,096 / 16,384 / 8 x 2,048.
+INVERT = "rows"
+PRODUCTS = "full"
+# The prepare's warps where K >= 128 (4 below): the fused kernel spills at 4; the split one's solve
+# and products were faster at 4 (two or more programs per SM); the merged one spills at 4.
+PREPARE_WARPS = {"fused": 8, "split": 4, "merged": 8}
 # With deferred outputs: P formed by the output kernel rather than stored by the prepare
 RECOMPUTE_P = False
 # On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
@@ -1070,7 +1077,7 @@ def chunk_delta_rule(
     if recompute_p and not defer:
         raise ValueError("recompute_p needs defer_outputs: the walk that writes the outputs reads P")
     recompute_p = defer and (RECOMPUTE_P if recompute_p is None else bool(recompute_p))
-    prepare_warps = prepare_warps or (8 if block_k >= 128 else 4)
+    prepare_warps = prepare_warps or (PREPARE_WARPS[prepare] if block_k >= 128 else 4)
     if prepare == "fused":
         _prepare_kernel[(chunk_slots, Hv)](
             q, k, v, g, beta, cu_seqlens, w, u, p, gcum, N, scale,
