@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.compile_check_prefill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
-    parser.add_argument("--block-v", nargs="*", type=int, default=[32])
+    parser.add_argument("--block-v", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--stages", nargs="*", type=int, default=[2])
     parser.add_argument("--prepare", nargs="*", default=["fused", "split"], help="the intra-chunk kernels' forms")

@@ -50,9 +50,9 @@ picks the defaults, ``PREPARE`` and ``DEFER_OUTPUTS``):
   rounding the output products would apply anyway); ``_output_kernel`` then forms every chunk's
   outputs in parallel. The sequential part halves, for a [chunks, Hv, K, V] buffer of states.
 
-At batch 1 (16 heads x 128 columns) that is 64 sequential programs for 132 SMs. The state update
-is affine in S, S_end = A S_start + B over any stretch of tokens, so a long sequence is also cut
-into segments of ``split`` chunks:
+At batch 1 (16 heads x 128 columns in blocks of 16) that is 128 sequential programs for 132 SMs.
+The state update is affine in S, S_end = A S_start + B over any stretch of tokens, so a long
+sequence is also cut into segments of ``split`` chunks:
 
 - ``_transition_kernel``, per (segment, value head, column block): B = the segment's walk from
   S = 0; A (a [K, K] matrix) = the walk from S = I with U0 = 0 (its deltas are -W S only). One
@@ -113,8 +113,9 @@ PREPARE_KINDS = ("fused", "split", "merged")
 # The defaults (see chunk_delta_rule's ``prepare`` and ``defer_outputs``): the split prepare (no
 # spills on sm_90, where the fused one spills at 255 registers) and the walk without the output
 # products (half its sequential work; fla's layout). Chosen from the compiler's register counts and
-# the walk's critical path, before an H200 timed them: python -m labkit.bench.gdn_prefill --variants
-# times every form beside fla, and these two lines are what to change if it disagrees.
+# the walk's critical path, then timed on the H200 (2026-12-01, tools/gpu_experiments/gdn-speed.sh):
+# with the inner forms below, the fused prepare + walk that writes the outputs took 0.371 / 1.438 ms at
+# T = 4,096 / 16,384 against 0.239 / 0.913 for these two, and the walk with outputs 0.262 / 1.004.
 PREPARE = "split"
 DEFER_OUTPUTS = True
 # How the split prepare inverts and multiplies (chunk_delta_rule's ``invert`` and ``products``):
@@ -131,10 +132,20 @@ PRODUCTS = "full"
 # The prepare's warps where K >= 128 (4 below): the fused kernel spills at 4; the split one's solve
 # and products were faster at 4 (two or more programs per SM); the merged one spills at 4.
 PREPARE_WARPS = {"fused": 8, "split": 4, "merged": 8}
-# With deferred outputs: P formed by the output kernel rather than stored by the prepare
-RECOMPUTE_P = False
+# With deferred outputs: P formed by the output kernel rather than stored by the prepare. The walk's
+# launch: WALK_BLOCK_V value columns per program at WALK_WARPS warps. Measured on the H200 in one
+# run (2026-12-01, gdn-speed.sh, B = 1, 16 heads, K = V = 128, beside fla 0.6.0 at 0.172 / 0.632 ms):
+# from 0.239 / 0.913 ms at T = 4,096 / 16,384 (P stored, [128, 32] slices at 8 warps), recompute_p
+# gave 0.234 / 0.888, 4 warps 0.221 / 0.831, the three together 0.210 / 0.788, the fastest form
+# timed; 64 columns, the sequence split, the merged prepare and the walk that writes the outputs
+# were all slower.
+RECOMPUTE_P = True
+WALK_BLOCK_V = 16
+WALK_WARPS = 4
 # On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
 # 2026-12-01, with the walk that writes the outputs): off unless asked for (split=N, or this flag).
+# Again slower in gdn-speed's round B (prefill_split's choice: 0.270 / 0.947 ms against 0.239 / 0.913
+# at T = 4,096 / 16,384 with the [128, 32] walk).
 SPLIT_BY_DEFAULT = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
 
@@ -873,11 +884,11 @@ def num_checkpoints(lengths: Sequence[int], every: int) -> int:
 
 
 def prefill_block_v(head_v: int) -> int:
-    """Value columns per walk program: 32 (a [128, 32] float32 state slice, 16 registers a thread
-    at 8 warps), so that batch 1 x 16 heads is 64 programs before any split; whole heads in the
-    interpreter (fewer programs)."""
+    """Value columns per walk program: ``WALK_BLOCK_V`` (16: a [128, 16] float32 state slice, 16
+    registers a thread at 4 warps; batch 1 x 16 heads is 128 programs before any split), the
+    measured fastest; whole heads in the interpreter (fewer programs)."""
     whole = max(16, next_pow2(head_v))
-    return whole if interpreting() else min(32, whole)
+    return whole if interpreting() else min(WALK_BLOCK_V, whole)
 
 
 def prefill_split(num_seqs: int, num_v_heads: int, v_blocks: int, tokens: int) -> int:
@@ -1061,8 +1072,8 @@ def chunk_delta_rule(
     tl_dtype = TORCH_TO_TL[dtype]
     block_k = max(16, next_pow2(K))
     block_n = next_pow2(N)
-    if num_warps is None:  # 8 warps keep a [128, 32] walk at ~130 registers, no spills (sm_90)
-        num_warps = 8 if block_k >= 128 else 4
+    if num_warps is None:  # a [128, 16] walk at 4 warps: ~100 registers, no spills (sm_90)
+        num_warps = WALK_WARPS if block_k >= 128 else 4
     scale = K**-0.5
 
     # the intra-chunk quantities, stored like the inputs: [tokens, Hv, ...]
