@@ -19,19 +19,22 @@ import time
 
 import torch
 
-SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT", "DEFER_OUTPUTS")
+SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT", "DEFER_OUTPUTS", "INVERT_ROWS", "FULL_X")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.compile_check_prefill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
-    parser.add_argument("--block-v", nargs="*", type=int, default=[32])
+    parser.add_argument("--block-v", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--stages", nargs="*", type=int, default=[2])
     parser.add_argument("--prepare", nargs="*", default=["fused", "split"], help="the intra-chunk kernels' forms")
     parser.add_argument("--prepare-warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
     parser.add_argument("--defer", nargs="*", type=int, default=[0, 1], help="defer_outputs values (0/1)")
+    parser.add_argument("--invert", nargs="*", default=[None], help="the split solve's inverse: dots, rows")
+    parser.add_argument("--products", nargs="*", default=[None], help="the split products' form: blocks, full")
+    parser.add_argument("--products-warps", nargs="*", type=int, default=[None], help="default: prepare_warps")
     args = parser.parse_args(argv)
 
     from . import compile_check as cc
@@ -51,14 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = torch.empty(cdr.num_checkpoints(lengths, 64), H, K, V)
     failures, t0 = 0, time.time()
     grid = itertools.product(args.block_v, args.warps, args.stages, (0, 2), args.prepare, args.prepare_warps,
-                             args.defer)
-    for block_v, warps, stages, split, prepare, prepare_warps, defer in grid:
+                             args.defer, args.invert, args.products, args.products_warps)
+    for block_v, warps, stages, split, prepare, prepare_warps, defer, invert, products, products_warps in grid:
         what = (f"block_v={block_v} warps={warps} stages={stages} split={split} prepare={prepare} "
-                f"prepare_warps={prepare_warps} defer={defer}")
+                f"prepare_warps={prepare_warps} defer={defer} invert={invert} products={products} "
+                f"products_warps={products_warps}")
         try:
             cdr.chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, checkpoints=ckpt, checkpoint_every=64,
                                  split=split, block_v=block_v, num_warps=warps, num_stages=stages,
-                                 prepare=prepare, prepare_warps=prepare_warps, defer_outputs=bool(defer))
+                                 prepare=prepare, prepare_warps=prepare_warps, defer_outputs=bool(defer),
+                                 invert=invert, products=products, products_warps=products_warps)
             print(f"ok   {what}: {len(cc.COMPILED)} variants so far ({time.time() - t0:.0f} s)")
         except Exception as e:  # noqa: BLE001
             failures += 1

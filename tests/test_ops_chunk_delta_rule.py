@@ -96,10 +96,11 @@ def test_repeated_keys_keep_the_solve_exact(device):
     g = torch.zeros_like(g)
     beta = torch.full_like(beta, 0.99)
     o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta, state)
-    for prepare in ("fused", "split"):
-        o, s = _run(q, k, v, g, beta, state, split=0, prepare=prepare)
-        assert rel_err(o, o_ref) < 1e-5, prepare
-        assert rel_err(s, s_ref) < 1e-5, prepare
+    for kw in (dict(prepare="fused"), dict(prepare="split", invert="dots"), dict(prepare="split", invert="rows"),
+               dict(prepare="merged")):
+        o, s = _run(q, k, v, g, beta, state, split=0, **kw)
+        assert rel_err(o, o_ref) < 1e-5, kw
+        assert rel_err(s, s_ref) < 1e-5, kw
 
 
 # a length-1 sequence, one of no tokens, one that is not a multiple of the chunk, one of exactly two
@@ -118,6 +119,52 @@ def test_split_prepare_matches_recurrence(dtype, device):
     o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split=0, prepare="split")
     assert rel_err(o, o_ref) < BOUND[dtype]
     assert rel_err(s, s_ref) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("invert,products,recompute_p", [("rows", "full", True), ("rows", "blocks", False),
+                                                         ("dots", "full", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_solve_and_product_forms_match_recurrence(invert, products, recompute_p, dtype, device):
+    """The split prepare's forms (row-substitution inverse, W and U0 from X whole, P formed by the
+    output kernel) on packed sequences with partial chunks (70 = 64 + 6, 33, 1), an empty one,
+    grouped heads, odd head dims."""
+    lengths = [70, 1, 0, 33]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=45, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(46)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split=0, prepare="split", invert=invert, products=products,
+                products_warps=2, output_warps=2, defer_outputs=True, recompute_p=recompute_p)
+    assert rel_err(o, o_ref) < BOUND[dtype]
+    assert rel_err(s, s_ref) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("recompute_p", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_merged_prepare_matches_recurrence(recompute_p, dtype, device):
+    """prepare="merged" (solve and products in one program), with P stored or formed by the output
+    kernel, on packed sequences with partial chunks, an empty one, grouped heads, odd head dims."""
+    lengths = [70, 1, 0, 33]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=47, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(48)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split=0, prepare="merged", defer_outputs=True,
+                recompute_p=recompute_p)
+    assert rel_err(o, o_ref) < BOUND[dtype]
+    assert rel_err(s, s_ref) < BOUND[dtype]
+
+
+def test_unknown_solve_forms_are_refused(device):
+    q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
+    with pytest.raises(ValueError, match="invert must be one of"):
+        chunk_delta_rule(q, k, v, g, beta, state, invert="neumann")
+    with pytest.raises(ValueError, match="products must be one of"):
+        chunk_delta_rule(q, k, v, g, beta, state, products="dense")
+    with pytest.raises(ValueError, match="products_warps must be a power of two"):
+        chunk_delta_rule(q, k, v, g, beta, state, products_warps=3)
+    with pytest.raises(ValueError, match="recompute_p needs defer_outputs"):
+        chunk_delta_rule(q, k, v, g, beta, state, defer_outputs=False, recompute_p=True)
 
 
 @pytest.mark.parametrize("split", [0, 1])

@@ -107,18 +107,21 @@ def test_swiglu_rows(dtype, device):
 
 
 @DTYPES
+@pytest.mark.parametrize("rotated_only", [False, True], ids=["all-angles", "rotated-only"])
 @pytest.mark.parametrize("rotary,unit_offset", [(20, False), (6, True)])  # whole head; a part (Qwen3.5)
-def test_norm_rope_rows_reads_heads_in_place(dtype, rotary, unit_offset, device):
+def test_norm_rope_rows_reads_heads_in_place(dtype, rotary, unit_offset, rotated_only, device):
     B, T, H, D = 3, 5, 3, 20
     proj = _randn(B, T, H * D + 7, seed=41, dtype=dtype, device=device, scale=2.0)
     x = proj[..., 7:].reshape(B, T, H, D)  # a strided, unaligned view
     w = _randn(D, seed=42, dtype=dtype, device=device, scale=0.3)
     positions = (torch.arange(T)[None] + torch.tensor([[0], [3], [1000]])).to(device)  # sequences differ
     inv = rope_inv_freq(rotary, 10000.0, device=device)
-    got = pf.norm_rope_rows(x, w, positions, inv, 1e-6, unit_offset)
+    got = pf.norm_rope_rows(x, w, positions, inv, 1e-6, unit_offset, rotated_only=rotated_only)
     want = norm_rope_ref(x, w, positions, inv, 1e-6, unit_offset)
     assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
     assert rel_err(got, want) < BOUND[dtype]
+    if rotated_only:  # the same arithmetic on the same values as the all-angles form: the same bits
+        assert torch.equal(got, pf.norm_rope_rows(x, w, positions, inv, 1e-6, unit_offset, rotated_only=False))
 
 
 def test_bad_input_is_refused(device):

@@ -37,6 +37,15 @@ VARIANTS = {
     "fused-prepare+deferred": dict(prepare="fused", defer_outputs=True),
     "split-prepare+deferred": dict(prepare="split", defer_outputs=True),
     "split-prepare+deferred+bv16": dict(prepare="split", defer_outputs=True, block_v=16),
+    # the split prepare's inner forms (chunk_delta_rule's invert / products), at 8 warps: the
+    # first is the form that was the default before issue #12's sweep
+    "split-prepare+deferred+dots+blocks": dict(prepare="split", defer_outputs=True, invert="dots",
+                                               products="blocks", prepare_warps=8),
+    "split-prepare+deferred+rows+full": dict(prepare="split", defer_outputs=True, invert="rows",
+                                             products="full"),
+    # the defaults with one output program per chunk (it forms P once, not per 64 columns): 25 us
+    # faster at T = 16,384 with the [128, 32] walk in gdn-speed's round B, not timed with today's walk
+    "default+ob128": dict(output_block_v=128),
 }
 
 

@@ -38,15 +38,21 @@ picks the defaults, ``PREPARE`` and ``DEFER_OUTPUTS``):
 - ``prepare="split"``: ``_solve_kernel`` forms L whole (one [C, K] x [K, C] product), parks it in
   an X buffer and inverts it block by block from there (no key tile stays live through the solve,
   which is what makes the fused kernel spill), then ``_products_kernel`` forms W, U0 and P, each
-  by its own program (grid (chunk slots, Hv, 3)), from the stored X and G.
+  by its own program (grid (chunk slots, Hv, 3)), from the stored X and G. Two choices inside it:
+  ``invert="rows"`` inverts the four diagonal blocks together by forward substitution a row at a
+  time (broadcast products and in-warp sums, about 50 barriers a chunk on sm_90) instead of 15
+  dot rounds each (``"dots"``: a layout conversion through shared memory per round, about 170
+  barriers), and ``products="full"`` forms W and U0 with X whole, one 64-row tensor-core product
+  per column block, instead of ten 16 x 16 block products (``"blocks"``). ``prepare="merged"`` runs
+  the two kernels' work ("rows", then "full") one after the other in one program per chunk.
 - ``defer_outputs``: the walk keeps only the two products the recurrence needs (U = U0 - W S and
   the state update) and stores each chunk's start state S0 and deltas U in the input dtype (the
   rounding the output products would apply anyway); ``_output_kernel`` then forms every chunk's
   outputs in parallel. The sequential part halves, for a [chunks, Hv, K, V] buffer of states.
 
-At batch 1 (16 heads x 128 columns) that is 64 sequential programs for 132 SMs. The state update
-is affine in S, S_end = A S_start + B over any stretch of tokens, so a long sequence is also cut
-into segments of ``split`` chunks:
+At batch 1 (16 heads x 128 columns in blocks of 16) that is 128 sequential programs for 132 SMs.
+The state update is affine in S, S_end = A S_start + B over any stretch of tokens, so a long
+sequence is also cut into segments of ``split`` chunks:
 
 - ``_transition_kernel``, per (segment, value head, column block): B = the segment's walk from
   S = 0; A (a [K, K] matrix) = the walk from S = I with U0 = 0 (its deltas are -W S only). One
@@ -103,16 +109,43 @@ MAX_HEAD_DIM = 256
 # A segment shorter than this many chunks does not repay the combine's per-segment [K, K] product
 # (a guess until the benchmark sweeps it on the GPU).
 MIN_SEGMENT_CHUNKS = 8
-PREPARE_KINDS = ("fused", "split")
+PREPARE_KINDS = ("fused", "split", "merged")
 # The defaults (see chunk_delta_rule's ``prepare`` and ``defer_outputs``): the split prepare (no
 # spills on sm_90, where the fused one spills at 255 registers) and the walk without the output
 # products (half its sequential work; fla's layout). Chosen from the compiler's register counts and
-# the walk's critical path, before an H200 timed them: python -m labkit.bench.gdn_prefill --variants
-# times every form beside fla, and these two lines are what to change if it disagrees.
+# the walk's critical path, then timed on the H200 (2026-12-01, tools/gpu_experiments/gdn-speed.sh):
+# with the inner forms below, the fused prepare + walk that writes the outputs took 0.371 / 1.438 ms at
+# T = 4,096 / 16,384 against 0.239 / 0.913 for these two, and the walk with outputs 0.262 / 1.004.
 PREPARE = "split"
 DEFER_OUTPUTS = True
+# How the split prepare inverts and multiplies (chunk_delta_rule's ``invert`` and ``products``):
+# "rows" substitutes the diagonal blocks a row at a time (no dot rounds), "dots" by 15 dot rounds
+# each; "full" forms W and U0 with X whole (one 64-row tile), "blocks" by its 16 x 16 blocks.
+INVERT_KINDS = ("dots", "rows")
+PRODUCTS_KINDS = ("blocks", "full")
+# Measured on the H200 (2026-12-01, tools/gpu_experiments/gdn-speed.sh, B = 1, 16 heads, K = V = 128,
+# bf16): "rows" + "full" at 4 warps took the split prepare from 1,161 to 306 us at T = 16,384
+# (solve 330 -> 150, products 831 -> 156), the whole call from 0.433 / 1.773 / 1.515 ms to
+# 0.246 / 0.922 / 0.652 ms at T = 4,096 / 16,384 / 8 x 2,048.
+INVERT = "rows"
+PRODUCTS = "full"
+# The prepare's warps where K >= 128 (4 below): the fused kernel spills at 4; the split one's solve
+# and products were faster at 4 (two or more programs per SM); the merged one spills at 4.
+PREPARE_WARPS = {"fused": 8, "split": 4, "merged": 8}
+# With deferred outputs: P formed by the output kernel rather than stored by the prepare. The walk's
+# launch: WALK_BLOCK_V value columns per program at WALK_WARPS warps. Measured on the H200 in one
+# run (2026-12-01, gdn-speed.sh, B = 1, 16 heads, K = V = 128, beside fla 0.6.0 at 0.172 / 0.632 ms):
+# from 0.239 / 0.913 ms at T = 4,096 / 16,384 (P stored, [128, 32] slices at 8 warps), recompute_p
+# gave 0.234 / 0.888, 4 warps 0.221 / 0.831, the three together 0.210 / 0.788, the fastest form
+# timed; 64 columns, the sequence split, the merged prepare and the walk that writes the outputs
+# were all slower.
+RECOMPUTE_P = True
+WALK_BLOCK_V = 16
+WALK_WARPS = 4
 # On the H200 the split was never faster at batch 1, T = 1k..64k (data/bench/nvidia-h200/gdn-prefill.json,
 # 2026-12-01, with the walk that writes the outputs): off unless asked for (split=N, or this flag).
+# Again slower in gdn-speed's round B (prefill_split's choice: 0.270 / 0.947 ms against 0.239 / 0.913
+# at T = 4,096 / 16,384 with the [128, 32] walk).
 SPLIT_BY_DEFAULT = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
 
@@ -231,6 +264,38 @@ def _invert_unit_lower(L):
 
 
 @device_function
+def _invert4_by_rows(l_at, l_stride, n, SUB: tl.constexpr):
+    """(I + L_bb)^-1 of the chunk's four diagonal 16 x 16 blocks b, L stored float32 at
+    l_at[row * l_stride + column] (strictly lower: zeros on and above the diagonal).
+
+    Forward substitution one row at a time, the four blocks in the same loop (four independent
+    chains the compiler can interleave): row i of X = e_i - sum_{m<i} L[i, m] X[m, :], with X's
+    rows m >= i still e_m, which L[i, m] = 0 leaves out. Each step is a broadcast product and a
+    sum of a 16 x 16 tile, no tl.dot: the dot form (``_invert_unit_lower``) pays an operand
+    layout conversion through shared memory per round, for 16 x 16 x 16 FMAs. The blocks are
+    kept transposed (Y = X^T, row i of X is column i of Y), so that the sum runs along a tile's
+    second axis, which Triton lays out within a warp: shuffles, no barrier per step. L's row i is
+    loaded from memory straight into the layout it is used in. Rows at or past n stay e_i."""
+    r = tl.arange(0, SUB)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    Y0 = eye
+    Y1 = eye
+    Y2 = eye
+    Y3 = eye
+    for i in tl.static_range(1, SUB):
+        a0 = tl.load(l_at + i * l_stride + r, mask=(i < n) & (r < i), other=0.0)
+        a1 = tl.load(l_at + (SUB + i) * l_stride + SUB + r, mask=(SUB + i < n) & (r < i), other=0.0)
+        a2 = tl.load(l_at + (2 * SUB + i) * l_stride + 2 * SUB + r, mask=(2 * SUB + i < n) & (r < i), other=0.0)
+        a3 = tl.load(l_at + (3 * SUB + i) * l_stride + 3 * SUB + r, mask=(3 * SUB + i < n) & (r < i), other=0.0)
+        col = r[None, :] == i
+        Y0 = tl.where(col, eye - tl.sum(Y0 * a0[None, :], 1)[:, None], Y0)
+        Y1 = tl.where(col, eye - tl.sum(Y1 * a1[None, :], 1)[:, None], Y1)
+        Y2 = tl.where(col, eye - tl.sum(Y2 * a2[None, :], 1)[:, None], Y2)
+        Y3 = tl.where(col, eye - tl.sum(Y3 * a3[None, :], 1)[:, None], Y3)
+    return tl.trans(Y0), tl.trans(Y1), tl.trans(Y2), tl.trans(Y3)
+
+
+@device_function
 def _solve_rows(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB: tl.constexpr, n,
                 X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, c0, c1, c2, c3,
                 SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
@@ -258,6 +323,18 @@ def _solve_rows(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB
                     _mm(Y30, x0, DT, DOT_F32, EMULATE_RTNE) + _mm(Y31, x1, DT, DOT_F32, EMULATE_RTNE)
                     + _mm(Y32, x2, DT, DOT_F32, EMULATE_RTNE) + _mm(Y33, x3, DT, DOT_F32, EMULATE_RTNE),
                     DT, EMULATE_RTNE)
+
+
+@device_function
+def _solve_rows_full(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexpr, CB: tl.constexpr, rm, Y,
+                     DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """out = Y x over the chunk's rows (mask rm), Y = X diag(c) whole [C, C]; CB columns at a time."""
+    r = tl.arange(0, Y.shape[0])
+    for col0 in tl.static_range(0, BLOCK_D, CB):
+        cols = col0 + tl.arange(0, CB)
+        cm = cols < D
+        _store_tile(out_at, r, rm, out_stride, cols, cm,
+                    _mm(Y, _tile(x_at, r, rm, x_stride, cols, cm), DT, DOT_F32, EMULATE_RTNE), DT, EMULATE_RTNE)
 
 
 # -- kernel A: the intra-chunk quantities -----------------------------------------------------------
@@ -353,14 +430,19 @@ def _prepare_kernel(
 @device_function
 def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+                 SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, INVERT_ROWS: tl.constexpr):
     """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored float32
     as x[t0 + row, hv, column] (rows past n are not written).
 
     L is formed whole, by one [C, K] x [K, C] product, and parked in x (this program's own rows):
     the solve then reads it back one 16 x 16 block at a time, so that no key tile stays live
     through the solve (the fused kernel's register pressure). Row block i of X replaces row block
-    i of L once every thread has read the latter (a barrier: the same program's threads)."""
+    i of L once every thread has read the latter (a barrier: the same program's threads).
+
+    INVERT_ROWS: the diagonal blocks by row substitution, all four at once
+    (:func:`_invert4_by_rows`), then every off-diagonal block from registers and one store of
+    all of X at the end (no barrier between the blocks); else block row by block row with
+    ``_invert_unit_lower``'s dot rounds."""
     C: tl.constexpr = 4 * SUB
     hk = hv // (HV // HK)
     kk = tl.arange(0, BLOCK_K)
@@ -378,34 +460,60 @@ def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
     r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
     m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
     full = r0 < SUB
-    X00 = _invert_unit_lower(_tile(x_at, r0, m0, HV * C, r0, full))
-    tl.debug_barrier()
-    _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
-    X11 = _invert_unit_lower(_tile(x_at, r1, m1, HV * C, r1, full))
-    X10 = -_mm32(X11, _mm32(_tile(x_at, r1, m1, HV * C, r0, full), X00, True), True)
-    tl.debug_barrier()
-    _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
-    _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
-    L21 = _tile(x_at, r2, m2, HV * C, r1, full)
-    X22 = _invert_unit_lower(_tile(x_at, r2, m2, HV * C, r2, full))
-    X21 = -_mm32(X22, _mm32(L21, X11, True), True)
-    X20 = -_mm32(X22, _mm32(_tile(x_at, r2, m2, HV * C, r0, full), X00, True) + _mm32(L21, X10, True), True)
-    tl.debug_barrier()
-    _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
-    L31 = _tile(x_at, r3, m3, HV * C, r1, full)
-    L32 = _tile(x_at, r3, m3, HV * C, r2, full)
-    X33 = _invert_unit_lower(_tile(x_at, r3, m3, HV * C, r3, full))
-    X32 = -_mm32(X33, _mm32(L32, X22, True), True)
-    X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
-    X30 = -_mm32(X33, _mm32(_tile(x_at, r3, m3, HV * C, r0, full), X00, True) + _mm32(L31, X10, True)
-                 + _mm32(L32, X20, True), True)
-    tl.debug_barrier()
-    _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
+    if INVERT_ROWS:
+        X00, X11, X22, X33 = _invert4_by_rows(x_at, HV * C, n, SUB)
+        L10 = _tile(x_at, r1, m1, HV * C, r0, full)
+        L20 = _tile(x_at, r2, m2, HV * C, r0, full)
+        L21 = _tile(x_at, r2, m2, HV * C, r1, full)
+        L30 = _tile(x_at, r3, m3, HV * C, r0, full)
+        L31 = _tile(x_at, r3, m3, HV * C, r1, full)
+        L32 = _tile(x_at, r3, m3, HV * C, r2, full)
+        X10 = -_mm32(X11, _mm32(L10, X00, True), True)
+        X21 = -_mm32(X22, _mm32(L21, X11, True), True)
+        X32 = -_mm32(X33, _mm32(L32, X22, True), True)
+        X20 = -_mm32(X22, _mm32(L20, X00, True) + _mm32(L21, X10, True), True)
+        X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
+        X30 = -_mm32(X33, _mm32(L30, X00, True) + _mm32(L31, X10, True) + _mm32(L32, X20, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
+        _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
+        _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
+    else:
+        X00 = _invert_unit_lower(_tile(x_at, r0, m0, HV * C, r0, full))
+        tl.debug_barrier()
+        _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
+        X11 = _invert_unit_lower(_tile(x_at, r1, m1, HV * C, r1, full))
+        X10 = -_mm32(X11, _mm32(_tile(x_at, r1, m1, HV * C, r0, full), X00, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
+        _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
+        L21 = _tile(x_at, r2, m2, HV * C, r1, full)
+        X22 = _invert_unit_lower(_tile(x_at, r2, m2, HV * C, r2, full))
+        X21 = -_mm32(X22, _mm32(L21, X11, True), True)
+        X20 = -_mm32(X22, _mm32(_tile(x_at, r2, m2, HV * C, r0, full), X00, True) + _mm32(L21, X10, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
+        _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
+        L31 = _tile(x_at, r3, m3, HV * C, r1, full)
+        L32 = _tile(x_at, r3, m3, HV * C, r2, full)
+        X33 = _invert_unit_lower(_tile(x_at, r3, m3, HV * C, r3, full))
+        X32 = -_mm32(X33, _mm32(L32, X22, True), True)
+        X31 = -_mm32(X33, _mm32(L31, X11, True) + _mm32(L32, X21, True), True)
+        X30 = -_mm32(X33, _mm32(_tile(x_at, r3, m3, HV * C, r0, full), X00, True) + _mm32(L31, X10, True)
+                     + _mm32(L32, X20, True), True)
+        tl.debug_barrier()
+        _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
+        _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
 
 
 @triton.jit
@@ -413,6 +521,7 @@ def _solve_kernel(
     k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, num_seqs,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    INVERT_ROWS: tl.constexpr,
 ):
     """Grid (chunk slots, HV): G and X of one chunk of one value head (the first half of
     ``_prepare_kernel``'s work)."""
@@ -422,7 +531,7 @@ def _solve_kernel(
     n = tl.minimum(eos - t0, C)
     if n > 0:
         _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
-                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
+                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE, INVERT_ROWS)
 
 
 @triton.jit
@@ -431,9 +540,14 @@ def _products_kernel(
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
     SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    FULL_X: tl.constexpr,
 ):
     """Grid (chunk slots, HV, 3): from the stored X and G, one of W = X diag(beta e^G) K (part 0),
-    U0 = X diag(beta) V (part 1), P = M o (Q K^T) / sqrt(K) (part 2), each by its own program."""
+    U0 = X diag(beta) V (part 1), P = M o (Q K^T) / sqrt(K) (part 2), each by its own program.
+
+    FULL_X: W and U0 as one [C, C] x [C, cols] product each (X whole, its zero upper blocks
+    included: one tensor-core tile of 64 rows, as fla's recompute of w and u does); else by its
+    16 x 16 blocks (``_solve_rows``: no multiplications by zero blocks, but ten small products)."""
     C: tl.constexpr = 4 * SUB
     seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
     hv = tl.program_id(1)
@@ -453,6 +567,19 @@ def _products_kernel(
             P = _decayed(_tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask),
                          _tile(k_at, r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32)
             _store_tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, P * scale, DT, EMULATE_RTNE)
+        elif FULL_X:
+            r = tl.arange(0, C)
+            rm = r < n
+            x_at = _at(x_ptr, t0, HV, hv, C)
+            X = _tile(x_at, r, rm, HV * C, r, r < C)  # rows past n are another chunk's: masked to 0
+            cs = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+            if part == 0:
+                cs = cs * tl.exp(tl.load(gcum_at + r * HV, mask=rm, other=0.0))
+                _solve_rows_full(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, rm, X * cs[None, :],
+                                 DT, DOT_F32, EMULATE_RTNE)
+            else:
+                _solve_rows_full(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV,
+                                 BLOCK_DV, VC, rm, X * cs[None, :], DT, DOT_F32, EMULATE_RTNE)
         else:
             x_at = _at(x_ptr, t0, HV, hv, C)
             beta_at = _at(beta_ptr, t0, HV, hv, 1)
@@ -486,6 +613,44 @@ def _products_kernel(
                 _solve_rows(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV,
                             BLOCK_DV, VC, n, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33,
                             b0, b1, b2, b3, SUB, DT, DOT_F32, EMULATE_RTNE)
+
+
+@triton.jit
+def _solve_products_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, w_ptr, u_ptr, p_ptr, num_seqs, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
+    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, WITH_P: tl.constexpr,
+):
+    """Grid (chunk slots, HV), prepare="merged": ``_solve_kernel``'s work (row-substitution inverse),
+    then, in the same program, ``_products_kernel``'s with X whole: W, U0 and (WITH_P) P. X is read
+    back by the program that stored it (after a barrier), from cache rather than by another kernel."""
+    C: tl.constexpr = 4 * SUB
+    seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
+    hv = tl.program_id(1)
+    t0 = bos + c * C
+    n = tl.minimum(eos - t0, C)
+    if n > 0:
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
+                     EMULATE_RTNE, True)
+        tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
+        hk = hv // (HV // HK)
+        kk = tl.arange(0, BLOCK_K)
+        kmask = kk < DK
+        k_at = _at(k_ptr, t0, HK, hk, DK)
+        r = tl.arange(0, C)
+        rm = r < n
+        G = tl.load(_at(gcum_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0)
+        b = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+        X = _tile(_at(x_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
+        _solve_rows_full(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, rm,
+                         X * (b * tl.exp(G))[None, :], DT, DOT_F32, EMULATE_RTNE)
+        _solve_rows_full(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV, BLOCK_DV,
+                         VC, rm, X * b[None, :], DT, DOT_F32, EMULATE_RTNE)
+        if WITH_P:
+            P = _decayed(_tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask),
+                         _tile(k_at, r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32)
+            _store_tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, P * scale, DT, EMULATE_RTNE)
 
 
 # -- the state walk ---------------------------------------------------------------------------------
@@ -599,13 +764,16 @@ def _walk_kernel(
 
 @triton.jit
 def _output_kernel(
-    q_ptr, p_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, num_seqs, scale,
+    q_ptr, k_ptr, p_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, num_seqs, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
-    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, RECOMPUTE_P: tl.constexpr,
 ):
     """Grid (chunk slots, HV, value blocks), all in parallel after a DEFER_OUTPUTS walk:
-    O = diag(exp(G)) Q S0 / sqrt(K) + P U of one chunk, from its start state S0 and deltas U."""
+    O = diag(exp(G)) Q S0 / sqrt(K) + P U of one chunk, from its start state S0 and deltas U.
+    RECOMPUTE_P: P = M o (Q K^T) / sqrt(K) formed here from the key tile (one [C, K] x [K, C]
+    product) instead of read from p (which the prepare then never writes): 2 x C bytes less of
+    traffic per token and value head, for a product per value block."""
     unit = tl.program_id(0)
     hv = tl.program_id(1)
     seq, c, bos, eos = _locate(cu_ptr, unit, num_seqs, C, BLOCK_N)
@@ -619,7 +787,10 @@ def _output_kernel(
         rm = r < n
         G = tl.load(_at(gcum_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0)
         q = _tile(_at(q_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
-        P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
+        if RECOMPUTE_P:
+            P = _decayed(q, _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32) * scale
+        else:
+            P = _tile(_at(p_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)
         U = _tile(_at(unew_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask)
         O = (tl.exp(G) * scale)[:, None] * _mm(q, S, DT, DOT_F32, EMULATE_RTNE) + _mm(P, U, DT, DOT_F32, EMULATE_RTNE)
         _store_tile(_at(o_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
@@ -713,11 +884,11 @@ def num_checkpoints(lengths: Sequence[int], every: int) -> int:
 
 
 def prefill_block_v(head_v: int) -> int:
-    """Value columns per walk program: 32 (a [128, 32] float32 state slice, 16 registers a thread
-    at 8 warps), so that batch 1 x 16 heads is 64 programs before any split; whole heads in the
-    interpreter (fewer programs)."""
+    """Value columns per walk program: ``WALK_BLOCK_V`` (16: a [128, 16] float32 state slice, 16
+    registers a thread at 4 warps; batch 1 x 16 heads is 128 programs before any split), the
+    measured fastest; whole heads in the interpreter (fewer programs)."""
     whole = max(16, next_pow2(head_v))
-    return whole if interpreting() else min(32, whole)
+    return whole if interpreting() else min(WALK_BLOCK_V, whole)
 
 
 def prefill_split(num_seqs: int, num_v_heads: int, v_blocks: int, tokens: int) -> int:
@@ -776,6 +947,11 @@ def chunk_delta_rule(
     prepare_warps: int | None = None,
     defer_outputs: bool | None = None,
     output_block_v: int | None = None,
+    invert: str | None = None,
+    products: str | None = None,
+    products_warps: int | None = None,
+    output_warps: int = 4,
+    recompute_p: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`.
@@ -797,11 +973,18 @@ def chunk_delta_rule(
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
         warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
         without spills on sm_90: python -m labkit.compile_check_prefill).
-    prepare: "fused" (one kernel for the intra-chunk quantities) or "split" (the triangular solve,
-        then W, U0 and P by separate programs); None: ``PREPARE``. prepare_warps: their warps.
+    prepare: "fused" (one kernel for the intra-chunk quantities), "split" (the triangular solve,
+        then W, U0 and P by separate programs) or "merged" (the split's two kernels in one program
+        per chunk: the "rows" inverse, then the "full" products); None: ``PREPARE``.
+        prepare_warps: their warps.
     defer_outputs: the walk leaves the outputs to a parallel kernel (it stores each chunk's start
         state and deltas instead); None: ``DEFER_OUTPUTS``. output_block_v: that kernel's value
-        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's).
+        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's); output_warps: its warps.
+    invert, products: with prepare="split", how X's diagonal blocks are inverted ("dots" or "rows")
+        and how W and U0 are formed ("blocks" or "full"); None: ``INVERT``, ``PRODUCTS``.
+        products_warps: the products kernel's warps (default: prepare_warps).
+    recompute_p: with defer_outputs, the output kernel forms P itself (the prepare skips it);
+        None: ``RECOMPUTE_P`` where the outputs are deferred.
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -868,6 +1051,14 @@ def chunk_delta_rule(
     total = B * T
     if prepare not in (None, *PREPARE_KINDS):
         raise ValueError(f"prepare must be one of {PREPARE_KINDS} or None, got {prepare!r}")
+    if invert not in (None, *INVERT_KINDS):
+        raise ValueError(f"invert must be one of {INVERT_KINDS} or None, got {invert!r}")
+    if products not in (None, *PRODUCTS_KINDS):
+        raise ValueError(f"products must be one of {PRODUCTS_KINDS} or None, got {products!r}")
+    for name, warps in (("num_warps", num_warps), ("prepare_warps", prepare_warps),
+                        ("products_warps", products_warps), ("output_warps", output_warps)):
+        if warps is not None and (not isinstance(warps, int) or warps < 1 or warps & (warps - 1)):
+            raise ValueError(f"{name} must be a power of two >= 1, got {warps!r}")
     if split is None:
         split = prefill_split(N, Hv, v_blocks, total) if SPLIT_BY_DEFAULT else 0
     if not isinstance(split, int) or split < 0:
@@ -881,8 +1072,8 @@ def chunk_delta_rule(
     tl_dtype = TORCH_TO_TL[dtype]
     block_k = max(16, next_pow2(K))
     block_n = next_pow2(N)
-    if num_warps is None:  # 8 warps keep a [128, 32] walk at ~130 registers, no spills (sm_90)
-        num_warps = 8 if block_k >= 128 else 4
+    if num_warps is None:  # a [128, 16] walk at 4 warps: ~100 registers, no spills (sm_90)
+        num_warps = WALK_WARPS if block_k >= 128 else 4
     scale = K**-0.5
 
     # the intra-chunk quantities, stored like the inputs: [tokens, Hv, ...]
@@ -893,23 +1084,35 @@ def chunk_delta_rule(
     chunk_slots = _units(total, B, T, N, CHUNK, varlen)
     block_dv = max(16, next_pow2(V))
     prepare = prepare or PREPARE
-    prepare_warps = prepare_warps or (8 if block_k >= 128 else 4)
+    defer = DEFER_OUTPUTS if defer_outputs is None else bool(defer_outputs)
+    if recompute_p and not defer:
+        raise ValueError("recompute_p needs defer_outputs: the walk that writes the outputs reads P")
+    recompute_p = defer and (RECOMPUTE_P if recompute_p is None else bool(recompute_p))
+    prepare_warps = prepare_warps or (PREPARE_WARPS[prepare] if block_k >= 128 else 4)
     if prepare == "fused":
         _prepare_kernel[(chunk_slots, Hv)](
             q, k, v, g, beta, cu_seqlens, w, u, p, gcum, N, scale,
             HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
             BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=prepare_warps,
         )
+    elif prepare == "merged":
+        x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
+        _solve_products_kernel[(chunk_slots, Hv)](
+            q, k, v, g, beta, cu_seqlens, x, gcum, w, u, p, N, scale,
+            HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
+            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, WITH_P=not recompute_p, num_warps=prepare_warps,
+        )
     else:
         x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
         _solve_kernel[(chunk_slots, Hv)](
             k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-            DT=tl_dtype, **flags, num_warps=prepare_warps,
+            DT=tl_dtype, **flags, INVERT_ROWS=(invert or INVERT) == "rows", num_warps=prepare_warps,
         )
-        _products_kernel[(chunk_slots, Hv, 3)](
+        _products_kernel[(chunk_slots, Hv, 2 if recompute_p else 3)](
             q, k, v, beta, cu_seqlens, x, gcum, w, u, p, N, scale,
             HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
-            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=prepare_warps,
+            BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, FULL_X=(products or PRODUCTS) == "full",
+            num_warps=products_warps or prepare_warps,
         )
 
     common = dict(HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK_N=block_n)
@@ -931,7 +1134,6 @@ def chunk_delta_rule(
     else:
         seg_tokens, start, grid0 = total, initial_state, N
     ckpt_rows = 0 if checkpoints is None else checkpoints.shape[0]
-    defer = DEFER_OUTPUTS if defer_outputs is None else bool(defer_outputs)
     unew = states = None
     if defer:
         unew = torch.empty(total, Hv, V, dtype=dtype, device=device)
@@ -947,7 +1149,8 @@ def chunk_delta_rule(
         if out_block_v < 16 or out_block_v & (out_block_v - 1):
             raise ValueError(f"output_block_v must be a power of two >= 16, got {out_block_v}")
         _output_kernel[(chunk_slots, Hv, cdiv(V, out_block_v))](
-            q, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
-            **{**common, "BLOCK_V": out_block_v}, num_warps=4,
+            q, k, p, gcum, unew, states, cu_seqlens, out, N, scale, HK=Hk, C=CHUNK, DT=tl_dtype, **flags,
+            RECOMPUTE_P=recompute_p,
+            **{**common, "BLOCK_V": out_block_v}, num_warps=output_warps,
         )
     return out, final_state

@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_tensor, interpreter_flags, next_pow2
+from .launch import (FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_tensor, device_function,
+                     interpreter_flags, next_pow2)
 from .mixers import GdnDims
 
 
@@ -317,15 +318,68 @@ def short_conv_prefill(
     return out, new_state
 
 
-# -- attention: per-head RMSNorm + RoPE of q and k --------------------------------------------------
+# -- attention: per-head RMSNorm + RoPE of q and k -------------------------------------------------
+@device_function
+def _norm_rope_rotated_only(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
+                            D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_H: tl.constexpr, UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                            EMULATE_RTNE: tl.constexpr):
+    """_norm_rope_kernel's rows with the angles of the rotated channels only: the whole row for its
+    statistics and the pass-through channels, the two halves (i and i + HALF, i < HALF) as tiles
+    of their own (second reads of the same lines) for the rotation."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rm = r < rows
+    c = tl.arange(0, BLOCK_D)
+    cm = c < D
+    m = rm[:, None] & cm[None, :]
+    token = r // H
+    base = (token // T) * s_b + (token % T) * s_t + (r % H) * s_h
+    x = tl.load(x_ptr + base[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
+    w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        w = w + 1.0
+    xn = cast(x * inv_rms[:, None] * w[None, :], OUT_DTYPE, EMULATE_RTNE)
+    tl.store(out_ptr + r[:, None] * D + c[None, :], xn, mask=m & (c >= 2 * HALF)[None, :])
+    h = tl.arange(0, BLOCK_H)
+    hm = h < HALF
+    mh = rm[:, None] & hm[None, :]
+    xa = tl.load(x_ptr + base[:, None] + h[None, :], mask=mh, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + base[:, None] + HALF + h[None, :], mask=mh, other=0.0).to(tl.float32)
+    wa = tl.load(w_ptr + h, mask=hm, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + HALF + h, mask=hm, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        wa = wa + 1.0
+        wb = wb + 1.0
+    xa = cast(xa * inv_rms[:, None] * wa[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    xb = cast(xb * inv_rms[:, None] * wb[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    freq = tl.load(inv_ptr + h, mask=hm, other=0.0)
+    pos = tl.load(pos_ptr + token, mask=rm, other=0).to(tl.float32)
+    angle = pos[:, None] * freq[None, :]
+    cos, sin = tl.cos(angle), tl.sin(angle)
+    out_at = out_ptr + r[:, None] * D + h[None, :]
+    tl.store(out_at, cast(xa * cos - xb * sin, OUT_DTYPE, EMULATE_RTNE), mask=mh)
+    tl.store(out_at + HALF, cast(xb * cos + xa * sin, OUT_DTYPE, EMULATE_RTNE), mask=mh)
+
+
 @triton.jit
 def _norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
                       D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr,
-                      EMULATE_RTNE: tl.constexpr):
+                      EMULATE_RTNE: tl.constexpr, ROTATED_ONLY: tl.constexpr = False,
+                      BLOCK_H: tl.constexpr = 1):
     """Grid (cdiv(rows, BLOCK_R)), a row per (token, head): y = rmsnorm(x) * w rounded to the dtype,
     then channel pairs (i, i + HALF), i < HALF, rotated by pos * inv_freq[i]; channels from 2 HALF on
-    pass through. Each channel's partner is loaded as a second tile (same row statistics)."""
+    pass through. Each channel's partner is loaded as a second tile (same row statistics).
+
+    ROTATED_ONLY: cos and sin only over the HALF angles of a row (tiles of BLOCK_H >= HALF channels
+    for each half), the pass-through channels stored from the full tile; else over every channel
+    of the row (angle 0 past 2 HALF), which with partial RoPE (Qwen3.5: 64 of 256 channels) is 8
+    times the transcendental work the rotation needs. Both give the same bits."""
+    if ROTATED_ONLY:
+        _norm_rope_rotated_only(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
+                                D, HALF, BLOCK_R, BLOCK_D, BLOCK_H, UNIT_OFFSET, OUT_DTYPE, EMULATE_RTNE)
+        return
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     c = tl.arange(0, BLOCK_D)
     cm = c < D
@@ -352,11 +406,22 @@ def _norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, 
     tl.store(out_ptr + r[:, None] * D + c[None, :], cast(y, OUT_DTYPE, EMULATE_RTNE), mask=m)
 
 
+# _norm_rope_kernel's ROTATED_ONLY (see there), the launcher's default, and its warps. On the H200
+# (2026-12-01, Qwen3.5-0.8B's q and k at 4,096 tokens: 8 / 2 heads x 256, 64 channels rotated) the
+# rotated-only form at 4 warps took 19.0 / 16.2 us against 74.3 / 24.0 us for the all-angles form at
+# 8 warps (tools/gpu_experiments/gdn-speed.sh), with the same bits.
+NORM_ROPE_ROTATED_ONLY = True
+NORM_ROPE_WARPS = 4
+
+
 def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                   eps: float, unit_offset: bool = False) -> torch.Tensor:
+                   eps: float, unit_offset: bool = False, *, rotated_only: bool | None = None,
+                   num_warps: int | None = None) -> torch.Tensor:
     """:func:`labkit.ops.mixers.norm_rope_ref` in one kernel: x [B, T, H, D] with unit stride along D
     (a view of the projection), weight [D], positions [B, T] integer, inv_freq [r/2] float32.
-    Returns a contiguous [B, T, H, D] in x's dtype."""
+    Returns a contiguous [B, T, H, D] in x's dtype. rotated_only: the kernel's form (None:
+    ``NORM_ROPE_ROTATED_ONLY``); num_warps: its warps (None: ``NORM_ROPE_WARPS`` for the rotated-only
+    form, 8 for the other, which spills at 4 on sm_90)."""
     check_tensor("x", x, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
     B, T, H, D = x.shape
     if x.stride(3) != 1:
@@ -374,9 +439,12 @@ def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
     if rows == 0:
         return out
     block_r = _rows_block(D)
+    rotated_only = NORM_ROPE_ROTATED_ONLY if rotated_only is None else bool(rotated_only)
     _norm_rope_kernel[(cdiv(rows, block_r),)](
         x, weight, positions, inv_freq, out, rows, T, H, x.stride(0), x.stride(1), x.stride(2), eps,
         D=D, HALF=half, BLOCK_R=block_r, BLOCK_D=next_pow2(D), UNIT_OFFSET=bool(unit_offset),
-        OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype), num_warps=8,  # 4: spills (sm_90)
+        OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype),
+        ROTATED_ONLY=rotated_only, BLOCK_H=next_pow2(half),
+        num_warps=num_warps or (NORM_ROPE_WARPS if rotated_only else 8),
     )
     return out
