@@ -547,7 +547,7 @@ def main(argv: list[str]) -> int:
                 gemv, pdl = spec.removesuffix("+pdl"), spec.endswith("+pdl")
                 if GEMVS.get(gemv) is not None and GEMVS[gemv].batch1 and b != 1:
                     continue
-                places = args.placements if gemv == "linear" and (pdl or any(args.placements)) else [None]
+                places = args.placements if gemv == "linear" and pdl else [None]  # no PDL: no placement to vary
                 for pl in places:
                     rows.append(run_chain(model, b, gemv, pdl=pdl, placement=pl, per_group=not args.no_groups,
                                           repeats=args.repeats))
