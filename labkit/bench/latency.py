@@ -40,7 +40,7 @@ PATTERNS = ("random", "stride")
 STYLES = ("pointer", "descriptor")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start", "steps"])  # a start row of 1 must not become a constant
 def _chase_kernel(table_ptr, desc, out_ptr, stamps_ptr, start, steps, ROW: tl.constexpr,
                   DESCRIPTOR: tl.constexpr, STAMPS: tl.constexpr):
     """row <- table[row, 0], ``steps`` times from ``start``; out = the last row; stamps = global-timer
