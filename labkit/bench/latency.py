@@ -24,6 +24,7 @@ larger than the L2 is cold for every run. Reference: :func:`chase_ref` (the same
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,10 +76,10 @@ def chain_table(nbytes: int, pattern: str, device, seed: int = 0) -> torch.Tenso
         order = torch.randperm(rows, generator=gen).to(device)
         table[order, 0] = torch.roll(order, -1).to(torch.int32)
     else:
-        if rows % STRIDE_ROWS == 0:
-            raise ValueError(f"a stride table's rows must not be a multiple of {STRIDE_ROWS}, got {rows}")
+        if math.gcd(rows, STRIDE_ROWS) != 1:  # else the links form several shorter cycles
+            raise ValueError(f"a stride table's row count must share no factor with {STRIDE_ROWS}, got {rows}")
         r = torch.arange(rows, device=device)
-        table[:, 0] = ((r + STRIDE_ROWS) % rows).to(torch.int32)  # one cycle when gcd(rows, 33) == 1
+        table[:, 0] = ((r + STRIDE_ROWS) % rows).to(torch.int32)
     return table
 
 

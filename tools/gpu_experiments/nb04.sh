@@ -1,5 +1,5 @@
 # Expected run time: about 98 s (latency bench <= 20 s, notebook 04 on the GPU <= 60 s, chain --timeline smoke <= 15 s,
-# then the cuda-tma GEMV in the chain with whatever time is left, if labkit.cuda's build is cached there).
+# the GPU latency test <= 12 s, then the cuda-tma GEMV in the chain with whatever time is left, if labkit.cuda's build is cached there).
 # Round B of branch nb04 (issue 14, item 5: notebook 04_tma_and_async). Every step under its own timeout;
 # everything lands in $RES even when a step fails.
 #  1. python -m labkit bench latency: pointer-chase latency per memory level, plain loads vs TMA descriptors
@@ -39,6 +39,8 @@ PY
 stamp "chain --timeline smoke"
 timeout -k 3 15 python3 -m labkit bench chain --models lfm2-350m --batch 1 --gemvs plain plain+pdl --no-groups \
     --timeline 3 --repeats 5 --name chain-smoke --data-dir "$RES/bench"
+stamp "tests/gpu/test_gpu_latency.py"
+timeout -k 2 12 python3 -m pytest -q -x tests/gpu/test_gpu_latency.py 2>&1 | tail -n 5
 LEFT=$(( 96 - ($(date +%s) - T0) ))
 stamp "cuda-tma GEMV in the chain ($LEFT s left)"
 [ "$LEFT" -gt 5 ] && timeout -k 2 $LEFT python3 -m labkit bench chain --models lfm2-350m --batch 1 --gemvs cuda-tma+pdl \
