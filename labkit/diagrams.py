@@ -183,7 +183,8 @@ def tma_pipeline_schedule(stages: int, boxes: int, latency_us: float, transfer_u
       box i - 1, and take ``consume_us``.
 
     Returns one dict per box: issue, land, start, end (µs). Steady state: one box per
-    max(consume, transfer, (latency + transfer + consume) / stages) µs."""
+    max(consume, transfer, (latency + consume) / stages) µs (a slot is busy for its copy's round
+    trip and the consumers' work on it)."""
     if stages < 1 or boxes < 1 or min(latency_us, transfer_us, consume_us) < 0:
         raise ValueError("need stages >= 1, boxes >= 1 and non-negative times")
     rows: list[dict] = []
