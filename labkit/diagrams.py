@@ -168,3 +168,77 @@ def overlap_timeline(runs: dict[str, Sequence[dict]], *, ax=None, first: int = 1
     ax.set_yticks(yticks, ylabels, fontsize=8)
     ax.set_xlabel("µs from the step's first kernel (profiler timestamps; each bar is one kernel)")
     return ax
+
+
+def tma_pipeline_schedule(stages: int, boxes: int, latency_us: float, transfer_us: float,
+                          consume_us: float) -> list[dict]:
+    """When each box of one block's weight stream is issued, lands and is consumed, in a model of
+    the producer/consumer pipeline of kernels/tma_gemv.cu with ``stages`` shared-memory slots:
+
+    - the producer issues box i as soon as its slot is free: at once for the first ``stages`` boxes,
+      else when the consumers have finished box i - stages (the ``empty`` barrier);
+    - box i lands ``latency_us`` after its issue, and no sooner than ``transfer_us`` after box i - 1
+      landed (the block's share of the memory bandwidth: bytes per box / bytes per µs);
+    - the consumers start box i when it has landed (the ``full`` barrier) and they are done with
+      box i - 1, and take ``consume_us``.
+
+    Returns one dict per box: issue, land, start, end (µs). Steady state: one box per
+    max(consume, transfer, (latency + consume) / stages) µs (a slot is busy for its copy's round
+    trip and the consumers' work on it)."""
+    if stages < 1 or boxes < 1 or min(latency_us, transfer_us, consume_us) < 0:
+        raise ValueError("need stages >= 1, boxes >= 1 and non-negative times")
+    rows: list[dict] = []
+    for i in range(boxes):
+        issue = rows[i - stages]["end"] if i >= stages else 0.0
+        land = issue + latency_us
+        if i:
+            issue = max(issue, rows[i - 1]["issue"])
+            land = max(issue + latency_us, rows[i - 1]["land"] + transfer_us)
+        start = max(land, rows[i - 1]["end"] if i else 0.0)
+        rows.append({"issue": issue, "land": land, "start": start, "end": start + consume_us})
+    return rows
+
+
+def tma_pipeline(stages: int, boxes: int, latency_us: float, transfer_us: float, consume_us: float,
+                 box_bytes: int, *, ax=None, title: str = ""):
+    """:func:`tma_pipeline_schedule` drawn: per box, the copy in flight (issue to land, in its
+    stage's lane) and the consumers' work on it; the title gives the block's steady rate."""
+    ax = ax or plt.gca()
+    sched = tma_pipeline_schedule(stages, boxes, latency_us, transfer_us, consume_us)
+    for i, r in enumerate(sched):
+        lane = i % stages
+        ax.broken_barh([(r["issue"], r["land"] - r["issue"])], (stages - lane + 0.6, 0.8),
+                       facecolors=COLORS["weights"], alpha=0.35 + 0.5 * (i % 2), edgecolor="black", lw=0.3)
+        ax.broken_barh([(r["start"], r["end"] - r["start"])], (0, 0.8), facecolors=COLORS["mlp"],
+                       edgecolor="black", lw=0.3)
+        if i < 2 * stages:
+            ax.text(r["issue"], stages - lane + 1.0, f" box {i}", va="center", fontsize=6)
+    span = stages * max(1, (len(sched) // 2) // stages)  # whole rounds of the ring, from the end
+    period = (sched[-1]["end"] - sched[-1 - span]["end"]) / span if len(sched) > span else float("nan")
+    rate = box_bytes / period / 1e3 if period > 0 else float("inf")  # bytes per µs -> GB/s
+    ax.set_yticks([0.4] + [stages - s + 1.0 for s in range(stages)],
+                  ["consumer warps\n(mma on the box)"] + [f"stage {s}: copy in flight" for s in range(stages)], fontsize=7)
+    ax.set_xlabel("µs from the block's first issue")
+    ax.set_title((title + ": " if title else "") + f"{stages} stage(s): one {box_bytes // 1024} KB box every "
+                 f"{period:.2f} µs = {rate:.1f} GB/s per block", fontsize=8)
+    return rate
+
+
+def stamped_timeline(rows: Sequence[dict], *, ax=None, title: str = ""):
+    """Kernels from global-timer stamps (:func:`labkit.bench.chain.timeline`): per kernel a hatched
+    bar from its first program's start to the first that got past ``griddepcontrol.wait`` (waiting
+    for the previous kernel), then a solid bar to its last program's end (streaming its weight)."""
+    ax = ax or plt.gca()
+    for i, r in enumerate(rows):
+        y = len(rows) - 1 - i
+        wait = max(0.0, r["first_past_wait_us"] - r["first_start_us"])
+        if wait > 0:
+            ax.broken_barh([(r["first_start_us"], wait)], (y, 0.8), facecolors="white", edgecolor=COLORS["norm"],
+                           hatch="////", lw=0.5)
+        ax.broken_barh([(r["first_past_wait_us"], r["last_end_us"] - r["first_past_wait_us"])], (y, 0.8),
+                       facecolors=COLORS["mlp"] if "mlp" in r["op"] else COLORS["projections"], edgecolor="black", lw=0.3)
+    ax.set_yticks([len(rows) - 1 - i + 0.4 for i in range(len(rows))],
+                  [f"{r['op']} ({r['bytes'] / 1e6:.1f} MB)" for r in rows], fontsize=6)
+    ax.set_xlabel("µs from the first kernel's start (GPU global timer)")
+    ax.set_title(title, fontsize=9)
+    return ax

@@ -130,3 +130,36 @@ def test_the_cli_says_it_needs_a_gpu(capsys):
 
     assert main(["chain", "--models", "tiny-lfm2"]) == 2
     assert "CUDA" in capsys.readouterr().out
+
+
+def test_timeline_rows_go_to_a_results_file(monkeypatch, tmp_path):
+    """--timeline: the stamped kernels of the first layers, PDL off and on, as a results file (the
+    stamps themselves need a GPU: a stand-in returns what timeline() returns)."""
+    from labkit.bench.results import write_results
+    from labkit.hw import device_facts
+
+    seen = []
+
+    def fake_timeline(model, ops, *, pdl, replays=5):
+        seen.append((pdl, [o.name for o in ops]))
+        return [{"op": o.name, "bytes": o.case.nbytes, "programs": 3, "first_start_us": 1.0 * i,
+                 "last_start_us": 1.5 * i, "first_past_wait_us": 2.0 * i, "last_end_us": 3.0 * i}
+                for i, o in enumerate(ops)]
+
+    monkeypatch.setattr(ch, "timeline", fake_timeline)
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=0)
+    rows = ch.timeline_rows(model, 2)
+    assert [p for p, _ in seen] == [False, True]
+    assert all(name.startswith(("L0 ", "L1 ")) for _, names in seen for name in names) and len(seen[0][1]) == 8
+    path = write_results("chain-timeline", "chain-timeline", rows, device_facts("cpu", measure=False),
+                         command="test", data_dir=tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "chain-timeline" and len(doc["results"]) == 16
+    assert {r["pdl"] for r in doc["results"]} == {False, True} and doc["results"][0]["model"] == "tiny-lfm2"
+
+
+def test_the_cuda_tma_gemv_is_registered_and_refuses_a_cpu():
+    assert "cuda-tma" in ch.GEMVS and not ch.GEMVS["cuda-tma"].fused
+    model = labkit.build("tiny-lfm2", dtype=torch.bfloat16, device="cpu", seed=0)
+    res = ch.run_chain(model, 1, "cuda-tma", per_group=False, log=lambda s: None)
+    assert res.error and "CUDA GPU" in res.error

@@ -11,6 +11,8 @@ that runs each matrix is pluggable (:data:`GEMVS`, :func:`register_gemv`): any c
   residual / SwiGLU / short-conv epilogue, the tuned configuration of this GPU), PDL on or off;
 - ``"plain"`` / ``"plain-tma"``: :func:`labkit.ops.plain_gemv.plain_gemv` over the stacked weight,
   pointer loads or TMA tensor descriptors, no fusions (batch 1 only);
+- ``"cuda-tma"``: :func:`labkit.cuda.tma_linear` (kernels/tma_gemv.cu, the CUDA C++ TMA weight
+  stream, its tuned or default config) over the stacked weight, no fusions;
 - ``"cublas"``: ``torch.mm`` over the stacked weight, no fusions;
 - ``"step"``: as the fused step runs each projection: ``"linear"``, or ``"torch"`` at the keys
   the tuning file dispatches to it (batch >= 16);
@@ -151,6 +153,12 @@ def _plain(style: str) -> Callable:
     return run
 
 
+def _cuda_tma(x, weight, *, out=None, pdl=False, **_):
+    from ..cuda import tma_linear
+
+    return tma_linear(x, weight, out=out, pdl=pdl)
+
+
 def _cublas(x, weight, *, out=None, **_):
     return torch.mm(x, weight.t(), out=out)
 
@@ -181,6 +189,7 @@ GEMVS: dict[str, Gemv] = {
     "linear": Gemv(_linear, fused=True, configs=True),
     "plain": Gemv(_plain("pointer"), fused=False, batch1=True),
     "plain-tma": Gemv(_plain("descriptor"), fused=False, batch1=True),
+    "cuda-tma": Gemv(_cuda_tma, fused=False),
     "cublas": Gemv(_cublas, fused=False),
     "torch": Gemv(_torch, fused=True),
     "step": Gemv(_step, fused=True, configs=True),
@@ -440,6 +449,28 @@ def timeline(model: HybridLM, ops: Sequence[ChainOp], *, pdl: bool, replays: int
     return rows
 
 
+@dataclass
+class TimelineRow:
+    """One kernel of :func:`timeline` in a results file (µs from the first kernel's first start)."""
+
+    model: str
+    pdl: bool
+    op: str
+    bytes: int
+    programs: int
+    first_start_us: float
+    last_start_us: float
+    first_past_wait_us: float
+    last_end_us: float
+
+
+def timeline_rows(model: HybridLM, layers: int, replays: int = 5) -> list[TimelineRow]:
+    """:func:`timeline` of the first ``layers`` layers' projections, PDL off then on."""
+    ops = [o for o in chain_ops(model, lm_head=False) if o.layer < layers]
+    return [TimelineRow(model.cfg.name, pdl, **r) for pdl in (False, True)
+            for r in timeline(model, ops, pdl=pdl, replays=replays)]
+
+
 # -- tuning inside the chain -------------------------------------------------------------------------------
 def sweep_key(model: HybridLM, ops: Sequence[ChainOp], batch: int, candidates: Sequence, *, pdl: bool, placement=None,
               repeats: int = 10, deadline: float | None = None, log: Callable[[str], None] = print) -> dict:
@@ -488,6 +519,9 @@ def main(argv: list[str]) -> int:
                    help="PDL placements of labkit.ops.linear to run (default: the code's own)")
     p.add_argument("--no-groups", action="store_true", help="time the whole chain only (no per-key sub-chains)")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--timeline", type=int, default=0, metavar="LAYERS",
+                   help="also stamp a plain-GEMV chain of the first model's first LAYERS layers, PDL off and on "
+                        "(global timer per program) -> <name>-timeline.json")
     p.add_argument("--name", default="chain", help="results go to data/bench/<gpu>/<name>.json")
     p.add_argument("--data-dir", type=Path, default=DATA_DIR)
     args = p.parse_args(argv)
@@ -497,20 +531,28 @@ def main(argv: list[str]) -> int:
     facts = device_facts("cuda")
     rows = []
     t0 = time.perf_counter()
-    for name in args.models:
+    command = shlex.join(["python", "-m", "labkit", "bench", "chain", *argv])
+    for i, name in enumerate(args.models):
         model = build(name, dtype=torch.bfloat16, device="cuda", seed=0)
+        if args.timeline and i == 0:
+            stamped = timeline_rows(model, args.timeline)
+            for r in stamped:
+                print(f"timeline pdl={r.pdl!s:5} {r.op:34} start {r.first_start_us:7.2f}..{r.last_start_us:7.2f} "
+                      f"past wait {r.first_past_wait_us:7.2f} end {r.last_end_us:7.2f} us")
+            path = write_results(f"{args.name}-timeline", "chain-timeline", stamped, facts, command=command,
+                                 data_dir=args.data_dir)
+            print(f"wrote {path}")
         for b in args.batch:
             for spec in args.gemvs:
                 gemv, pdl = spec.removesuffix("+pdl"), spec.endswith("+pdl")
                 if GEMVS.get(gemv) is not None and GEMVS[gemv].batch1 and b != 1:
                     continue
-                places = args.placements if gemv == "linear" and (pdl or any(args.placements)) else [None]
+                places = args.placements if gemv == "linear" and pdl else [None]  # no PDL: no placement to vary
                 for pl in places:
                     rows.append(run_chain(model, b, gemv, pdl=pdl, placement=pl, per_group=not args.no_groups,
                                           repeats=args.repeats))
         del model
         torch.cuda.empty_cache()
-    command = shlex.join(["python", "-m", "labkit", "bench", "chain", *argv])
     path = write_results(args.name, "chain", rows, facts, command=command, data_dir=args.data_dir)
     print(f"copy bandwidth {facts.copy_bytes_per_s / 1e12:.2f} TB/s; {time.perf_counter() - t0:.0f} s; wrote {path}")
     return 0 if not any(r.error for r in rows) else 1

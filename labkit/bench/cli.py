@@ -1,4 +1,4 @@
-"""``python -m labkit bench {decode,prefill,ops,chain,tma,article-cache,cache,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench {decode,prefill,ops,chain,tma,latency,article-cache,cache,hw,table}``: measure, print, write a results file."""
 
 from __future__ import annotations
 
@@ -121,6 +121,10 @@ def main(argv: list[str]) -> int:
         from .tma import main as tma_main
 
         return tma_main(argv[1:])
+    if argv[:1] == ["latency"]:  # pointer-chase load latency per memory level: its own parser
+        from .latency import main as latency_main
+
+        return latency_main(argv[1:])
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
         from ..notebooks import cpu_environment
