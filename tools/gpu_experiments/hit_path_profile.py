@@ -1,8 +1,9 @@
 """Where a prefix-cache hit's time goes after this branch (Qwen3.5-0.8B bf16 random weights, 4,096 shared +
 64 tokens, block 256, fused+graph): the hit timed whole (PrefixCache.prefill + argmax + sync, as generate's
 TTFT), its pieces alone, the same hit with the continuation's attention put back to attend_ref (A/B), and
-the device's kernels per hit (torch.profiler). Writes hit_pieces.json, hit_kernels.txt, hit_cprofile.txt."""
-import cProfile, io, json, pstats, statistics, sys, time
+the device's kernels per hit (torch.profiler). Writes hit_pieces.json, hit_kernels.txt, hit_cprofile.txt.
+DRY_RUN=1: a CPU check of this script (tiny-qwen3.5, 64 + 5 tokens, block 16, graphs stood in by tests' recorder)."""
+import cProfile, io, json, os, pstats, statistics, sys, time
 from functools import partial
 import torch
 import labkit.fused as fused
@@ -14,18 +15,29 @@ from labkit.ops.mixers import attend_ref
 from labkit.prefix_cache import PrefixCache
 
 out = sys.argv[1]
-m = _load("qwen3.5-0.8b", "cuda", torch.bfloat16)
-reqs = wl.shared_prefix(10, 4096, 64, m.cfg.vocab_size, seed=4160)
-generate(m, _ids(reqs[0].tokens, "cuda"), 8, backend="fused+graph")
-pc = PrefixCache(m, 256, budget_bytes=2**40)
-dec, _ = pooled_decoder("fused+graph", m, 1, 4096 + 64 + 8)
+DRY = os.environ.get("DRY_RUN") == "1"
+if DRY:
+    sys.path.insert(0, "tests")
+    from conftest import RecordingGraphs
+    fused.GRAPHS = RecordingGraphs()
+    torch.cuda.synchronize = lambda *a: None
+MODEL, DEV, DT = ("tiny-qwen3.5", "cpu", torch.float32) if DRY else ("qwen3.5-0.8b", "cuda", torch.bfloat16)
+PREFIX, SUFFIX, BLOCK = (64, 5, 16) if DRY else (4096, 64, 256)
+m = _load(MODEL, DEV, DT)
+reqs = wl.shared_prefix(10, PREFIX, SUFFIX, m.cfg.vocab_size, seed=PREFIX + SUFFIX)
+generate(m, _ids(reqs[0].tokens, DEV), 8, backend="fused+graph")
+pc = PrefixCache(m, BLOCK, budget_bytes=2**40)
+dec, _ = pooled_decoder("fused+graph", m, 1, PREFIX + SUFFIX + 8)
 for r in reqs[:3]:
-    pc.prefill(dec, _ids(r.tokens, "cuda"))
+    pc.prefill(dec, _ids(r.tokens, DEV))
 torch.cuda.synchronize()
-ids = [_ids(r.tokens, "cuda") for r in reqs[3:]]
+ids = [_ids(r.tokens, DEV) for r in reqs[3:]]
 
 
-def timed(f, n=7):
+REPS = 1 if DRY else 7
+
+
+def timed(f, n=REPS):
     ts = []
     for i in range(n):
         torch.cuda.synchronize(); t0 = time.perf_counter(); f(i); torch.cuda.synchronize(); ts.append(time.perf_counter() - t0)
@@ -35,21 +47,40 @@ def timed(f, n=7):
 rows = {}
 rows["hit: pc.prefill + argmax (TTFT as generate times it)"] = timed(lambda i: pc.prefill(dec, ids[i]).logits.argmax(-1))
 nocache = []
-for i in range(3):
+for i in range(min(3, REPS)):
     nocache.append(generate(m, ids[i], 1, backend="fused+graph").ttft_s * 1e3)
 rows["no cache: generate TTFT (fused+graph)"] = statistics.median(nocache)
 rows["pc._check"] = timed(lambda i: pc._check(dec, ids[i]))
 from labkit.fused import weights_key
 rows["weights_key"] = timed(lambda i: weights_key(m))
-node_paths = [pc._path(ids[i][0].tolist(), 16) for i in range(len(ids))]
+node_paths = [pc._path(ids[i][0].tolist(), PREFIX // BLOCK) for i in range(REPS)]
 def restore(i):
     dec.cache.reset(zero=False); pc._restore(dec.cache, [node_paths[i]])
 rows["reset + _restore (16 nodes)"] = timed(restore)
-tail = ids[0][:, 4096:]
+def old_restore(i):  # main's restore before this branch: a torch.cat of the path's KV per layer, then copy_
+    cache, path = dec.cache, node_paths[i]
+    cache.reset(zero=False)
+    for j in path[-1].keys:
+        cache.keys[j][0, :, :PREFIX].copy_(torch.cat([n.keys[j] for n in path], dim=1))
+        cache.values[j][0, :, :PREFIX].copy_(torch.cat([n.values[j] for n in path], dim=1))
+    for j, st in path[-1].conv_states.items():
+        cache.conv_states[j][0].copy_(st)
+    for j, st in path[-1].recurrent_states.items():
+        cache.recurrent_states[j][0].copy_(st)
+    cache.advance(PREFIX)
+rows["A/B: reset + main's cat+copy restore"] = timed(old_restore)
+host, whole_t = [], []
+for i in range(REPS):
+    torch.cuda.synchronize(); t0 = time.perf_counter(); pc.prefill(dec, ids[i % len(ids)])
+    t1 = time.perf_counter(); torch.cuda.synchronize(); t2 = time.perf_counter()
+    host.append(t1 - t0); whole_t.append(t2 - t0)
+rows["hit: host time until pc.prefill returns (GPU still busy)"] = statistics.median(host) * 1e3
+rows["hit: pc.prefill + sync"] = statistics.median(whole_t) * 1e3
+tail = ids[0][:, PREFIX:]
 def cont(i):
-    dec.cache.reset(zero=False); dec.cache.advance(4096); dec.prefill_continuation(tail)
+    dec.cache.reset(zero=False); dec.cache.advance(PREFIX); dec.prefill_continuation(tail)
 rows["reset+advance+prefill_continuation"] = timed(cont)
-g = dec._continuations[((4096,), (1, 64))].graph
+g = dec._continuations[((PREFIX,), (1, SUFFIX))].graph
 rows["continuation graph replay alone"] = timed(lambda i: g.replay())
 # A/B: the same hit with the continuation's attention put back to the explicit mask (recaptured)
 real = fused.attend_continuing
@@ -57,7 +88,7 @@ fused.attend_continuing = lambda q, k, v, p, kp, start: attend_ref(q, k, v, p, k
 dec._continuations.clear()
 pc.prefill(dec, ids[0]); torch.cuda.synchronize()
 rows["A/B: hit with attend_ref in the continuation"] = timed(lambda i: pc.prefill(dec, ids[i]).logits.argmax(-1))
-g_ref = dec._continuations[((4096,), (1, 64))].graph
+g_ref = dec._continuations[((PREFIX,), (1, SUFFIX))].graph
 rows["A/B: continuation graph replay alone, attend_ref"] = timed(lambda i: g_ref.replay())
 fused.attend_continuing = real
 dec._continuations.clear()
@@ -73,16 +104,16 @@ for k, v in rows.items():
 json.dump(rows, open(f"{out}/hit_pieces.json", "w"), indent=1)
 
 pr = cProfile.Profile(); pr.enable()
-for i in range(5):
+for i in range(min(5, REPS)):
     pc.prefill(dec, ids[i])
 torch.cuda.synchronize(); pr.disable()
 s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
 open(f"{out}/hit_cprofile.txt", "w").write(s.getvalue())
 from torch.profiler import profile, ProfilerActivity
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-    for i in range(3):
+with profile(activities=[ProfilerActivity.CPU] + ([] if DRY else [ProfilerActivity.CUDA])) as p:
+    for i in range(min(3, REPS)):
         pc.prefill(dec, ids[i])
     torch.cuda.synchronize()
-t = p.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+t = p.key_averages().table(sort_by="cpu_time_total" if DRY else "cuda_time_total", row_limit=40)
 open(f"{out}/hit_kernels.txt", "w").write("3 hits\n" + t)
 print(t[:7000])
