@@ -44,7 +44,16 @@ def timed(f, n=REPS):
     return statistics.median(ts) * 1e3
 
 
-rows = {}
+class Rows(dict):
+    """Printed and written as they come: a cut run keeps what it measured."""
+
+    def __setitem__(self, k, v):
+        super().__setitem__(k, v)
+        print(f"{k:60s} {v:9.3f}" if isinstance(v, float) else f"{k:60s} {v}", flush=True)
+        json.dump(self, open(f"{out}/hit_pieces.json", "w"), indent=1)
+
+
+rows = Rows()
 rows["hit: pc.prefill + argmax (TTFT as generate times it)"] = timed(lambda i: pc.prefill(dec, ids[i]).logits.argmax(-1))
 nocache = []
 for i in range(min(3, REPS)):
@@ -99,9 +108,6 @@ whole = dec.prefill(ids[1]).float().clone()  # the fused prefill of the whole pr
 hit = pc.prefill(dec, ids[1]).logits.float()
 rows["hit vs whole-prompt forward: rel err of last logits"] = ((hit - whole).norm() / whole.norm()).item()
 rows["hit greedy token == whole greedy token"] = bool(hit.argmax(-1).eq(whole.argmax(-1)).all())
-for k, v in rows.items():
-    print(f"{k:60s} {v:9.3f}" if isinstance(v, float) else f"{k:60s} {v}")
-json.dump(rows, open(f"{out}/hit_pieces.json", "w"), indent=1)
 
 pr = cProfile.Profile(); pr.enable()
 for i in range(min(5, REPS)):
