@@ -19,4 +19,9 @@ echo "rc=$?" >> "$RES/profile.log"; echo "profile $(date -u +%T)" >> "$RES/times
 # 4. (last: cut first if time runs out) the GDN chunk kernel's forms on the 64-token tail, vs the reference
 timeout -k 3 12 python3 tools/gpu_experiments/hit_path_gdn.py "$RES" > "$RES/gdn.log" 2>&1
 echo "rc=$?" >> "$RES/gdn.log"; echo "gdn $(date -u +%T)" >> "$RES/times.txt"
+# 5. (last, only if time is left) the multi-turn workload at the budgets proposed for the final run: its seconds
+timeout -k 3 20 python3 -m labkit bench cache --models byte-qwen3.5-6m --dtype float32 --backends reference \
+    --experiments workload --workloads multi-turn --block-size 64 --budgets 48 64 --policies lru flops flops+ends \
+    --name prefix-cache-workloads --data-dir "$RES/data" > "$RES/workloads.log" 2>&1
+echo "rc=$?" >> "$RES/workloads.log"; echo "workloads $(date -u +%T)" >> "$RES/times.txt"
 tail -n 12 "$RES/attention.log"; tail -n 3 "$RES/ttft.log"; head -n 18 "$RES/profile.log"; cat "$RES/gdn.log"
