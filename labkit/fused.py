@@ -33,8 +33,8 @@ from ``labkit.ops.mixers``) with its inner cores swapped for faster implementati
 functions (:func:`prefill_cores`): the chunked Triton delta rule, which reads the cache's recurrent
 state and writes the final one back in place; SDPA's causal form of attention for prompts that
 start every sequence, and its bottom-right causal form over the keys in use for prompts that
-continue a cache (every row at one length); and one Triton kernel for each element-wise chain between the GEMMs
-(:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
+continue a cache (every row at one length); and one Triton kernel for each element-wise chain
+between the GEMMs (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
 output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE). It fills the same cache the fused step reads. Under
 ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt length
 (the last ``PREFILL_GRAPHS`` lengths kept), once a length comes back (``PREFILL_CAPTURE_AT``):
