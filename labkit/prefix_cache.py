@@ -347,12 +347,23 @@ class PrefixCache:
         for r, path in enumerate(paths):
             for depth, node in enumerate(path):
                 add(self._kv_destinations(cache, r, depth), node.kv_rows(layers))
-            last = path[-1]
-            add([cache.conv_states[i][r] for i in last.conv_states], list(last.conv_states.values()))
-            add([cache.recurrent_states[i][r] for i in last.recurrent_states], list(last.recurrent_states.values()))
+            last, rows = path[-1], self._state_destinations(cache, r)
+            add([rows["conv", i] for i in last.conv_states], list(last.conv_states.values()))
+            add([rows["recurrent", i] for i in last.recurrent_states], list(last.recurrent_states.values()))
         for dtype in dst:
             torch._foreach_copy_(dst[dtype], src[dtype])
         cache.advance(len(paths[0]) * self.block_size)
+
+    @staticmethod
+    def _state_destinations(cache: HybridCache, r: int) -> dict[tuple[str, int], torch.Tensor]:
+        """Row ``r`` of every conv and recurrent state buffer, keyed ("conv" | "recurrent", layer),
+        made once per cache and kept with it (indexing a tensor costs ~1 us of host per view)."""
+        made = cache.attachments.setdefault("labkit.PrefixCache.state_rows", {})
+        rows = made.get(r)
+        if rows is None:
+            rows = made[r] = {**{("conv", i): s[r] for i, s in cache.conv_states.items()},
+                              **{("recurrent", i): s[r] for i, s in cache.recurrent_states.items()}}
+        return rows
 
     def _kv_destinations(self, cache: HybridCache, r: int, depth: int) -> list[torch.Tensor]:
         """Row ``r``'s cache rows of block ``depth`` in :meth:`_Node.kv_rows`' order, made once per

@@ -23,6 +23,7 @@ def rel(a, b):
 
 
 for B, nh, nkv, hd, T, start, L in [(1, 8, 2, 256, 64, 4096, 4168), (3, 8, 2, 256, 37, 1000, 1100), (1, 8, 2, 256, 1, 4096, 4168)]:
+    real = (B, T) == (1, 64)  # every variant timed at the real shape; the others check the new form only
     q = torch.randn(B, nh, T, hd, device=dev, dtype=dt)
     keys, values = torch.randn(2, B, nkv, L, hd, device=dev, dtype=dt)
     pos = (start + torch.arange(T, device=dev)).expand(B, T)
@@ -52,6 +53,8 @@ for B, nh, nkv, hd, T, start, L in [(1, 8, 2, 256, 64, 4096, 4168), (3, 8, 2, 25
     case = f"B={B} nh={nh} nkv={nkv} hd={hd} T={T} start={start} L={L}"
     rows[case] = {"bf16 attend_ref vs float32 truth": rel(ref, truth)}
     print(case, "| bf16 attend_ref vs fp32:", f"{rows[case]['bf16 attend_ref vs float32 truth']:.2e}")
+    if not real:
+        variants = {k: v for k, v in variants.items() if "attend_continuing" in k or k.startswith("attend_ref")}
     for name, fn in variants.items():
         try:
             got = fn()
@@ -59,6 +62,7 @@ for B, nh, nkv, hd, T, start, L in [(1, 8, 2, 256, 64, 4096, 4168), (3, 8, 2, 25
             nan = bool(got.isnan().any())
             us = do_bench_cudagraph(fn, rep=20) * 1e3
             rows[case][name] = {"rel_err_vs_fp32": err, "nan": nan, "us": us, "ok": (not nan) and err < 2 * rows[case]["bf16 attend_ref vs float32 truth"] + 1e-3}
+            json.dump(rows, open(f"{out}/attention.json", "w"), indent=1)
             print(f"  {name:60s} {us:8.1f} us  rel err {err:.2e}  nan {nan}  ok {rows[case][name]['ok']}")
         except Exception as e:  # noqa: BLE001 - a variant that fails is a row that says so
             rows[case][name] = {"error": f"{type(e).__name__}: {e}"[:300]}

@@ -90,7 +90,24 @@ def cont(i):
     dec.cache.reset(zero=False); dec.cache.advance(PREFIX); dec.prefill_continuation(tail)
 rows["reset+advance+prefill_continuation"] = timed(cont)
 g = dec._continuations[((PREFIX,), (1, SUFFIX))].graph
-rows["continuation graph replay alone"] = timed(lambda i: g.replay())
+def replay(graph):  # each replay advances the device lengths: put them back first (else positions run past the cache)
+    dec.cache.lengths.fill_(PREFIX)
+    graph.replay()
+rows["continuation graph replay alone"] = timed(lambda i: replay(g))
+# the restore's pieces: building the copy lists (host) and the multi-tensor copies, and its kernels
+layers = list(dec.cache.keys)
+def lists(i):
+    dst, src = [], []
+    for depth, node in enumerate(node_paths[i]):
+        dst += pc._kv_destinations(dec.cache, 0, depth); src += node.kv_rows(layers)
+    return dst, src
+rows["restore: KV copy lists built (host only)"] = timed(lambda i: lists(i))
+built = [lists(i) for i in range(REPS)]
+rows["restore: one _foreach_copy_ of the KV rows (+sync)"] = timed(lambda i: torch._foreach_copy_(*built[i]))
+from torch.profiler import profile as _profile, ProfilerActivity as _PA
+with _profile(activities=[_PA.CPU] + ([] if DRY else [_PA.CUDA])) as prof:
+    torch._foreach_copy_(*built[0]); torch.cuda.synchronize()
+rows["restore: KV foreach, ops and kernels seen"] = str(sorted({(e.key, e.count) for e in prof.key_averages()}, key=lambda x: -x[1])[:8])
 # A/B: the same hit with the continuation's attention put back to the explicit mask (recaptured)
 real = fused.attend_continuing
 fused.attend_continuing = lambda q, k, v, p, kp, start: attend_ref(q, k, v, p, kp)
@@ -98,7 +115,7 @@ dec._continuations.clear()
 pc.prefill(dec, ids[0]); torch.cuda.synchronize()
 rows["A/B: hit with attend_ref in the continuation"] = timed(lambda i: pc.prefill(dec, ids[i]).logits.argmax(-1))
 g_ref = dec._continuations[((PREFIX,), (1, SUFFIX))].graph
-rows["A/B: continuation graph replay alone, attend_ref"] = timed(lambda i: g_ref.replay())
+rows["A/B: continuation graph replay alone, attend_ref"] = timed(lambda i: replay(g_ref))
 fused.attend_continuing = real
 dec._continuations.clear()
 pc.prefill(dec, ids[0]); torch.cuda.synchronize()
