@@ -31,9 +31,10 @@ and otherwise rebuilds its plan and recaptures.
 Prefill runs the model's own forward (projections through cuBLAS, the structure of every mixer
 from ``labkit.ops.mixers``) with its inner cores swapped for faster implementations of the same
 functions (:func:`prefill_cores`): the chunked Triton delta rule, which reads the cache's recurrent
-state and writes the final one back in place; for prompts that start every sequence, SDPA's causal
-form of attention; and one Triton kernel for each element-wise chain between the GEMMs
-(:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
+state and writes the final one back in place; SDPA's causal form of attention for prompts that
+start every sequence, and its bottom-right causal form over the keys in use for prompts that
+continue a cache (every row at one length); and one Triton kernel for each element-wise chain
+between the GEMMs (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
 output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE). It fills the same cache the fused step reads. Under
 ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt length
 (the last ``PREFILL_GRAPHS`` lengths kept), once a length comes back (``PREFILL_CAPTURE_AT``):
@@ -48,6 +49,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Union
 
 import torch
@@ -57,7 +59,7 @@ from . import tuning
 from .backends import register
 from .cache import HybridCache
 from .model import HybridLM, attention_dims, gdn_dims
-from .ops.mixers import DeltaRule, MixerCores, attend_causal, attend_ref
+from .ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing, attend_ref
 from .tuning import linear_config as tuned_linear_config
 
 
@@ -107,14 +109,22 @@ def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpo
 
 
 def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None) -> MixerCores:
-    """The cores of the fused prefill into ``cache``. Attention takes SDPA's causal form (flash on a
-    GPU) when every sequence starts at position 0, so that the new tokens are all the keys; a prompt
-    that continues cached sequences takes the explicit mask instead. Both compute the same function
-    (:func:`labkit.ops.mixers.attend_causal`): this picks a form, not an approximation. With
+    """The cores of the fused prefill into ``cache``, as it stands now (build them right before the
+    prefill they serve). Attention takes SDPA's causal form (flash on a GPU) when every sequence
+    starts at position 0, so that the new tokens are all the keys; when every sequence continues the
+    same number of cached tokens (a prompt's tail after a restored prefix), the bottom-right causal
+    form over the keys in use (:func:`labkit.ops.mixers.attend_continuing`); otherwise the explicit
+    mask over the whole buffer (:func:`labkit.ops.mixers.attend_ref`). All three compute the same
+    function: this picks a form, not an approximation. With
     ``fusions`` (:mod:`labkit.ops.prefill_fusions`), the element-wise chains between the GEMMs
     (norms, the convs, the GDN gates and output norm, SwiGLU, q/k norm + RoPE) are one kernel each."""
-    fresh = all(n == 0 for n in cache.host_lengths)
-    attend = attend_causal if fresh else attend_ref
+    lengths = set(cache.host_lengths)
+    if lengths == {0}:
+        attend = attend_causal
+    elif len(lengths) == 1:
+        attend = partial(attend_continuing, start=lengths.pop())
+    else:
+        attend = attend_ref
     if fusions is None:
         return MixerCores(delta_rule=delta_rule, attend=attend)
     return MixerCores(delta_rule=delta_rule, attend=attend, gdn_inputs=fusions.gdn_inputs,
@@ -348,11 +358,13 @@ class FusedDecoder:
         if self.pdl and torch.cuda.get_device_capability(device)[0] < 9:
             raise RuntimeError("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
 
-    def refresh(self) -> bool:
+    def refresh(self, weights: tuple | None = None) -> bool:
         """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were
         made: replaced, modified in place, or moved. True when it rebuilt. Called by every prefill
-        and when ``generate`` reuses the decoder: once per sequence, never per token."""
-        key = weights_key(self.model)
+        and when ``generate`` reuses the decoder: once per sequence, never per token. ``weights``:
+        the model's :func:`weights_key`, when the caller has just taken it (walking the model costs
+        ~0.2 ms on Qwen3.5-0.8B)."""
+        key = weights_key(self.model) if weights is None else weights
         if key == self._weights:
             return False
         self._weights, self._graphs, self.plan = None, {}, None  # if this fails, nothing stale is left
@@ -602,19 +614,24 @@ class FusedDecoder:
     CONTINUATIONS = 8  # captured continuation prefills kept per decoder (least recently used dropped)
 
     @torch.no_grad()
-    def prefill_continuation(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
+                             weights: tuple | None = None) -> torch.Tensor:
         """Last-token logits [B, vocab] after ``input_ids`` [B, T] that continue the cached sequences
         (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured once per
         (cached length, T) and replayed: an eager prefill of a few tokens costs its launches, not its
         arithmetic. The inputs are checked eagerly first; the first call of a shape runs it once
         outside the capture (kernels compile), putting the states it shifts back, as ``_capture``
         does. The returned logits are overwritten by the next replay of the same shape (as ``step``'s).
-        Without ``graph``, or for an empty cache, this is :meth:`prefill`."""
+        Without ``graph``, or for an empty cache, this is :meth:`prefill`.
+
+        A caller that has already checked the token ids' range on the host (``ids_checked``: reading
+        them from the device is a sync) and taken the model's :func:`weights_key` (``weights``), as
+        :class:`labkit.PrefixCache` does, passes them; shapes, dtype, device and room are checked."""
         cache = self.cache
         if not self.graph or cache.seq_len == 0:
             return self.prefill(input_ids)
-        self.refresh()
-        self.model._check_input(input_ids, cache)
+        self.refresh(weights)
+        self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape))
         entry = self._continuations.pop(key, None)
         if entry is None:

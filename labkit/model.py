@@ -262,7 +262,9 @@ class HybridLM(nn.Module):
             h = h[:, -1:]
         return F.linear(self.final_norm(h, cores.rms_norm), self.lm_head_weight)
 
-    def _check_input(self, input_ids: torch.Tensor, cache: HybridCache | None) -> None:
+    def _check_input(self, input_ids: torch.Tensor, cache: HybridCache | None, check_ids: bool = True) -> None:
+        """Raise on bad input before anything is written. ``check_ids=False``: the caller has checked
+        the token ids' range already (on the host: reading them here syncs the device)."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be a [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
         if input_ids.dtype not in (torch.int64, torch.int32):
@@ -271,7 +273,7 @@ class HybridLM(nn.Module):
             raise ValueError(f"input_ids are on {input_ids.device} but the model is on {self.device}")
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids has no tokens")
-        if input_ids.shape[1] > 1:
+        if check_ids and input_ids.shape[1] > 1:
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")

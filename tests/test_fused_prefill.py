@@ -20,7 +20,7 @@ import torch
 import labkit
 from conftest import rel_err
 from labkit.backends import make_decoder
-from labkit.ops.mixers import attend_causal, attend_ref
+from labkit.ops.mixers import attend_causal, attend_continuing, attend_ref
 
 BATCH = 3
 
@@ -128,6 +128,28 @@ def test_causal_attention_is_the_masked_one_for_prompts_from_position_zero():
     with pytest.raises(ValueError, match="exactly the T = 37 new tokens"):
         attend_causal(q, torch.cat([keys, keys], 2), torch.cat([values, values], 2), positions,
                       torch.arange(2 * T).expand(B, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("B,nh,nkv,T,start,L", [(3, 6, 2, 37, 29, 80), (1, 8, 2, 5, 1, 6), (2, 3, 3, 1, 100, 133)])
+def test_the_continuing_form_is_the_masked_one_after_a_cached_prefix(B, nh, nkv, T, start, L, dtype):
+    """Every row holds ``start`` cached tokens in a buffer of L >= start + T; the fast form gets the
+    buffer past them poisoned with NaN (stale: it must not read it), the reference a clean one."""
+    gen = torch.Generator().manual_seed(T)
+    hd = 16
+    q = torch.randn(B, nh, T, hd, generator=gen).to(dtype)
+    keys, values = torch.randn(2, B, nkv, L, hd, generator=gen).to(dtype)
+    positions = (start + torch.arange(T)).expand(B, T)
+    key_positions = torch.arange(L).expand(B, L)
+    want = attend_ref(q.float(), keys.float(), values.float(), positions, key_positions)
+    keys[:, :, start + T:], values[:, :, start + T:] = float("nan"), float("nan")
+    got = attend_continuing(q, keys, values, positions, key_positions, start=start)
+    assert got.shape == want.shape and not got.isnan().any()
+    assert rel_err(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
+    with pytest.raises(ValueError, match="start \\+ T"):
+        attend_continuing(q, keys[:, :, : start + T - 1], values, positions, key_positions, start=start)
+    with pytest.raises(ValueError, match="start >= 1"):
+        attend_continuing(q, keys, values, positions, key_positions, start=0)
 
 
 def test_the_reference_backend_needs_no_triton():

@@ -12,6 +12,7 @@ import torch
 import labkit
 from conftest import rel_err
 from labkit.backends import make_decoder
+from labkit.cache import HybridCache
 
 BS = 8  # block size
 NEW = 6  # greedy tokens compared
@@ -166,7 +167,12 @@ def test_bad_input_is_refused_and_changes_nothing(model):
         prefix.prefill(decoder, _ids(19, batch=2))
     with pytest.raises(ValueError, match="token ids"):
         prefix.prefill(decoder, torch.full((1, 9), 263, device=DEVICE))
-    # A snapshot that no longer fits the model's cache (here: another dtype) is refused before any restore.
+    with pytest.raises(ValueError, match="cache made by the model"):  # the right model, a foreign cache
+        prefix.prefill(make_decoder("reference", model, HybridCache(model.cfg, 1, 30, torch.bfloat16, DEVICE)), ids)
+    prefix.prefill(decoder, ids)  # a hit: its nodes pass the snapshot check, which remembers them
+    held, cached = (len(prefix), prefix.nbytes), [b.clone() for b in decoder.cache.buffers()]
+    # A snapshot that no longer fits the model's cache (here: another dtype) is refused before any
+    # restore, also after its node passed the check once.
     node = prefix.root.children[tuple(ids[0, :BS].tolist())]
     layer, saved = next(iter(node.conv_states.items()))
     node.conv_states[layer] = saved.to(torch.bfloat16)

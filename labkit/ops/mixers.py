@@ -40,6 +40,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from .causal_conv import causal_conv_ref
 from .delta_rule import delta_rule_ref
@@ -129,6 +130,32 @@ def attend_causal(
             "use attend_ref when sequences continue a cache"
         )
     return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=q.shape[-1] ** -0.5, enable_gqa=True)
+
+
+def attend_continuing(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor,
+    *, start: int,
+) -> torch.Tensor:
+    """:func:`attend_ref` for T new tokens that continue a cache holding ``start`` tokens in every
+    sequence: the queries are at positions start..start+T-1 and the keys at 0..L-1 (L >= start+T,
+    the cache buffer). Keys past start+T-1 are seen by no query, so only the first ``start + T`` are
+    read, and the visibility mask over them is the causal triangle aligned to the bottom-right
+    corner (query i sees keys 0..start+i), which SDPA takes as ``causal_lower_right`` with no mask
+    tensor: its flash kernel on a GPU (GQA without expanding the keys), instead of a masked kernel
+    streaming the whole buffer. The same function; the caller vouches for the positions (every row
+    at ``start``: reading them here would sync the device); the shapes are checked.
+    """
+    T, used = q.shape[2], start + q.shape[2]
+    if start < 1 or positions.shape[1] != T or keys.shape[2] < used or values.shape[2] < used:
+        raise ValueError(
+            f"the continuing form needs start >= 1 cached tokens and a key buffer of at least start + T = {used} "
+            f"(start={start}, T={T}, {keys.shape[2]} keys, positions {tuple(positions.shape)}); "
+            "use attend_causal for a fresh prompt and attend_ref when rows differ"
+        )
+    return F.scaled_dot_product_attention(
+        q, keys[:, :, :used], values[:, :, :used], attn_mask=causal_lower_right(T, used),
+        scale=q.shape[-1] ** -0.5, enable_gqa=True,
+    )
 
 
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # delta_rule_ref's signature
