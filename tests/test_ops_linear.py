@@ -17,9 +17,13 @@ from labkit.ops.linear import LinearConfig, LinearWorkspace, linear, linear_conf
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 # (rows, config): the GEMV loop with K masks (block_k 32 does not divide 72 or 80) and an uneven
-# split-K; the tl.dot loop with one and two splits, and with two row tiles (M = 17).
+# split-K, with the whole row in one K tile (block_k 128 > K: the norm's statistics come from the
+# peeled first tile), and over three rows of one program each; the tl.dot loop with one and two
+# splits, and with two row tiles (M = 17).
 CASES = [
     (1, LinearConfig(1, 64, 32)),
+    (1, LinearConfig(1, 16, 128)),
+    (3, LinearConfig(1, 32, 32)),
     (1, LinearConfig(1, 16, 16, split_k=3)),
     (3, LinearConfig(16, 64, 32)),
     (3, LinearConfig(16, 32, 16, split_k=2)),

@@ -142,7 +142,7 @@ def _linear_kernel(
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, RELEASE: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
@@ -171,96 +171,130 @@ def _linear_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
 
     # Programmatic dependent launch (USE_PDL): this kernel may start while the previous one still
-    # runs. Weights depend on nothing launched before, so with PRELOAD the first K tile of every row
-    # block is put in flight before the wait (for k_per_split <= BLOCK_K, all of this program's
-    # weights). RELEASE says when the next kernel may be scheduled: 1 at once (its own wait still
-    # orders it after this whole grid, so releasing early is always safe; it lets the next kernel's
-    # programs take SMs as this one's tail frees them), 2 after the wait, 0 after the K loop.
-    if PRELOAD and BLOCK_M == 1:
-        first = (k_lo + offs_k)[None, :]
-        first_mask = n_mask[:, None] & (first < k_hi)
-        w0_first = tl.load(w0 + first, mask=first_mask, other=0.0)
-        if ROW_BLOCKS >= 2:
-            w1_first = tl.load(w1 + first, mask=first_mask, other=0.0)
-        if ROW_BLOCKS >= 3:
-            w2_first = tl.load(w2 + first, mask=first_mask, other=0.0)
-    if USE_PDL:
-        if RELEASE == 1:
-            gdc_launch_dependents()
-        gdc_wait()  # the input rows come from the previous kernel
-        if RELEASE == 2:
-            gdc_launch_dependents()
-
-    if NORM:
-        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            xv = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & (kk[None, :] < K), other=0.0)
-            xv = xv.to(tl.float32)
-            sum_sq += tl.sum(xv * xv, axis=1)
-        rstd = tl.rsqrt(sum_sq / K + eps)
-
-    # GEMV: elementwise products accumulated per lane, reduced across K once after the loop
+    # runs. RELEASE says when the next kernel may be scheduled: 1 at once (its own wait still orders
+    # it after this whole grid, so releasing early is always safe; it lets the next kernel's programs
+    # take SMs as this one's tail frees them), 2 after the wait, 0 after the K loop.
     if BLOCK_M == 1:
-        lanes0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        lanes1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        lanes2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = (k0 + offs_k)[None, :]
+        # GEMV, weights first: the first K tile of every row block is requested before anything
+        # else (before the PDL wait with PRELOAD: weights depend on nothing launched before), so
+        # its HBM latency overlaps the input's load and the norm's reduction instead of following
+        # them. The first tile is peeled off the loop; with WHOLE_ROW it is all of K and the norm's
+        # statistics come from the same registers.
+        kk = (k_lo + offs_k)[None, :]
         if EVEN_K:
-            x_mask = m_mask[:, None]
             w_mask = n_mask[:, None]
         else:
-            x_mask = m_mask[:, None] & (kk < k_hi)
             w_mask = n_mask[:, None] & (kk < k_hi)
-        xv = tl.load(x_rows + kk, mask=x_mask, other=0.0)
-        if NORM:
-            nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            if UNIT_OFFSET:
-                nw = nw + 1.0
-            xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
-        if PRELOAD and BLOCK_M == 1:
-            if k0 == k_lo:
-                wt0 = w0_first
-            else:
-                wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
-            if ROW_BLOCKS >= 2:
-                if k0 == k_lo:
-                    wt1 = w1_first
-                else:
-                    wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
-            if ROW_BLOCKS >= 3:
-                if k0 == k_lo:
-                    wt2 = w2_first
-                else:
-                    wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
-        else:
+        if PRELOAD:
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 2:
                 wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 3:
                 wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
-        if BLOCK_M == 1:
-            xf = xv.to(tl.float32)  # [1, BLOCK_K], broadcast over the weight rows
+        if USE_PDL:
+            if RELEASE == 1:
+                gdc_launch_dependents()
+            gdc_wait()  # the input row comes from the previous kernel
+            if RELEASE == 2:
+                gdc_launch_dependents()
+        if not PRELOAD:
+            wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 2:
+                wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 3:
+                wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+        xf = tl.load(x_rows + kk, mask=m_mask[:, None] & (kk < k_hi), other=0.0).to(tl.float32)  # [1, BLOCK_K]
+        if NORM:
+            if WHOLE_ROW:
+                sum_sq = tl.sum(xf * xf, axis=1)
+            else:
+                # squares summed per lane, reduced across the block once (x is small and in L2)
+                sq = tl.zeros([1, BLOCK_K], dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    kx = (k0 + offs_k)[None, :]
+                    xs = tl.load(x_rows + kx, mask=m_mask[:, None] & (kx < K), other=0.0).to(tl.float32)
+                    sq += xs * xs
+                sum_sq = tl.sum(sq, axis=1)
+            rstd = tl.rsqrt(sum_sq / K + eps)
+            nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            if UNIT_OFFSET:
+                nw = nw + 1.0
+            xf = cast(xf * rstd[:, None] * nw, w_dtype, EMULATE_RTNE).to(tl.float32)
+        lanes0 = wt0.to(tl.float32) * xf
+        if ROW_BLOCKS >= 2:
+            lanes1 = wt1.to(tl.float32) * xf
+        else:
+            lanes1 = lanes0
+        if ROW_BLOCKS >= 3:
+            lanes2 = wt2.to(tl.float32) * xf
+        else:
+            lanes2 = lanes0
+        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+            kk = (k0 + offs_k)[None, :]
+            if EVEN_K:
+                w_mask = n_mask[:, None]
+            else:
+                w_mask = n_mask[:, None] & (kk < k_hi)
+            wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 2:
+                wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 3:
+                wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+            xf = tl.load(x_rows + kk, mask=m_mask[:, None] & (kk < k_hi), other=0.0).to(tl.float32)
+            if NORM:
+                nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                if UNIT_OFFSET:
+                    nw = nw + 1.0
+                xf = cast(xf * rstd[:, None] * nw, w_dtype, EMULATE_RTNE).to(tl.float32)
             lanes0 += wt0.to(tl.float32) * xf
             if ROW_BLOCKS >= 2:
                 lanes1 += wt1.to(tl.float32) * xf
             if ROW_BLOCKS >= 3:
                 lanes2 += wt2.to(tl.float32) * xf
-        else:
-            acc = dot(xv, tl.trans(wt0), acc, DOT_F32)
-            if ROW_BLOCKS >= 2:
-                acc1 = dot(xv, tl.trans(wt1), acc1, DOT_F32)
-            if ROW_BLOCKS >= 3:
-                acc2 = dot(xv, tl.trans(wt2), acc2, DOT_F32)
-    if BLOCK_M == 1:
         acc = tl.sum(lanes0, axis=1)[None, :]
         acc1 = tl.sum(lanes1, axis=1)[None, :]
         acc2 = tl.sum(lanes2, axis=1)[None, :]
+    else:
+        # tl.dot tiles: the loop is software-pipelined, the wait stays outside it
+        if USE_PDL:
+            if RELEASE == 1:
+                gdc_launch_dependents()
+            gdc_wait()
+            if RELEASE == 2:
+                gdc_launch_dependents()
+        if NORM:
+            sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kx = k0 + offs_k
+                xv = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & (kx[None, :] < K), other=0.0)
+                xv = xv.to(tl.float32)
+                sum_sq += tl.sum(xv * xv, axis=1)
+            rstd = tl.rsqrt(sum_sq / K + eps)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = (k0 + offs_k)[None, :]
+            if EVEN_K:
+                x_mask = m_mask[:, None]
+                w_mask = n_mask[:, None]
+            else:
+                x_mask = m_mask[:, None] & (kk < k_hi)
+                w_mask = n_mask[:, None] & (kk < k_hi)
+            xv = tl.load(x_rows + kk, mask=x_mask, other=0.0)
+            if NORM:
+                nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                if UNIT_OFFSET:
+                    nw = nw + 1.0
+                xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
+            wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
+            acc = dot(xv, tl.trans(wt0), acc, DOT_F32)
+            if ROW_BLOCKS >= 2:
+                wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
+                acc1 = dot(xv, tl.trans(wt1), acc1, DOT_F32)
+            if ROW_BLOCKS >= 3:
+                wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+                acc2 = dot(xv, tl.trans(wt2), acc2, DOT_F32)
 
     if USE_PDL and RELEASE == 0:
         gdc_launch_dependents()
@@ -620,7 +654,7 @@ def launch_linear(
         RESIDUAL=residual is not None, SWIGLU=bool(swiglu), SHORT_CONV=short_conv is not None,
         STORE_OUT=out is not None and store_out,
         ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
-        RELEASE=RELEASES[placement.release], **interpreter_flags(dtype),
+        RELEASE=RELEASES[placement.release], WHOLE_ROW=cfg.split_k == 1 and k <= cfg.block_k, **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )
     return out
