@@ -142,7 +142,7 @@ def _linear_kernel(
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr, NORM_AFTER: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
@@ -262,14 +262,18 @@ def _linear_kernel(
             gdc_wait()
             if RELEASE == 2:
                 gdc_launch_dependents()
-        if NORM:
-            sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if NORM and not NORM_AFTER:
+            # a pass over the rows first: squares summed per lane, reduced across the block once
+            sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 kx = k0 + offs_k
                 xv = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & (kx[None, :] < K), other=0.0)
                 xv = xv.to(tl.float32)
-                sum_sq += tl.sum(xv * xv, axis=1)
-            rstd = tl.rsqrt(sum_sq / K + eps)
+                sq += xv * xv
+            rstd = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
+        if NORM_AFTER:
+            # squares of the x tiles this loop loads anyway, per lane; reduced once after the loop
+            sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -286,7 +290,12 @@ def _linear_kernel(
                 nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
                 if UNIT_OFFSET:
                     nw = nw + 1.0
-                xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
+                if NORM_AFTER:
+                    xf = xv.to(tl.float32)
+                    sq += xf * xf
+                    xv = cast(xf * nw, w_dtype, EMULATE_RTNE)
+                else:
+                    xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             acc = dot(xv, tl.trans(wt0), acc, DOT_F32)
             if ROW_BLOCKS >= 2:
@@ -299,7 +308,14 @@ def _linear_kernel(
     if USE_PDL and RELEASE == 0:
         gdc_launch_dependents()
 
+    if NORM_AFTER:
+        sum_sq = tl.sum(sq, axis=1)  # this split's share of each row's sum of squares
     if SPLIT_K == 1:
+        if NORM_AFTER:
+            rstd = tl.rsqrt(sum_sq / K + eps)[:, None]
+            acc *= rstd
+            acc1 *= rstd
+            acc2 *= rstd
         _linear_epilogue(
             acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
             out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
@@ -316,6 +332,10 @@ def _linear_kernel(
             tl.store(mine + N, acc1, mask=tile_mask)
         if ROW_BLOCKS >= 3:
             tl.store(mine + 2 * N, acc2, mask=tile_mask)
+        if NORM_AFTER:
+            # squares[s, m] after the partials; every column tile writes the same values for its rows
+            squares = part_ptr + SPLIT_K * M * rows_w + offs_m
+            tl.store(squares + pid_k * M, sum_sq, mask=m_mask)
         tile = pid_m * tl.num_programs(0) + pid_n
         if arrive(count_ptr + tile, SPLIT_K):
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -328,6 +348,14 @@ def _linear_kernel(
                     total1 += tl.load(theirs + N, mask=tile_mask, other=0.0, cache_modifier=".cg")
                 if ROW_BLOCKS >= 3:
                     total2 += tl.load(theirs + 2 * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            if NORM_AFTER:
+                total_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total_sq += tl.load(squares + s * M, mask=m_mask, other=0.0, cache_modifier=".cg")
+                rstd = tl.rsqrt(total_sq / K + eps)[:, None]
+                total *= rstd
+                total1 *= rstd
+                total2 *= rstd
             _linear_epilogue(
                 total, total1, total2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
                 out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
@@ -361,6 +389,15 @@ class PdlPlacement:
 # and SM slot, so programs that could stream are not scheduled; a late release serialises the
 # launches that PDL was meant to overlap.
 PDL_PLACEMENT = PdlPlacement(preload=False, release="early")
+
+# How the tl.dot loop (batch >= 2) applies the norm prologue. False: a pass over the input rows for
+# their statistics first, then xn = x * rstd * w rounded to the weight dtype in the loop, exactly what
+# a separate norm would have stored. True: no pass before the loop; the loop rounds x * w, sums the
+# squares of the x tiles it loads anyway, and the float32 dot products are scaled by rstd after it
+# (split K: each split's squares go to the workspace, the last program sums them). The same maths,
+# rounded at a different point (about one bfloat16 unit in the last place of some outputs); not for
+# float16, where x * w unscaled could overflow. To be chosen by the chained step's measurement.
+NORM_AFTER_DOT = False
 
 
 @dataclass(frozen=True)
@@ -496,7 +533,8 @@ class LinearWorkspace:
         """(partials, counters) elements a launch of m rows, n outputs per row block needs."""
         if config.split_k == 1:
             return 0, 0
-        return config.split_k * m * row_blocks * n, cdiv(n, config.block_n) * cdiv(m, config.block_m)
+        # partial sums, then each split's sums of squares per row (the tl.dot loop's norm, see the kernel)
+        return config.split_k * m * (row_blocks * n + 1), cdiv(n, config.block_n) * cdiv(m, config.block_m)
 
     @classmethod
     def allocate(cls, partials: int, counters: int, device: torch.device | str) -> "LinearWorkspace":
@@ -654,7 +692,9 @@ def launch_linear(
         RESIDUAL=residual is not None, SWIGLU=bool(swiglu), SHORT_CONV=short_conv is not None,
         STORE_OUT=out is not None and store_out,
         ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
-        RELEASE=RELEASES[placement.release], WHOLE_ROW=cfg.split_k == 1 and k <= cfg.block_k, **interpreter_flags(dtype),
+        RELEASE=RELEASES[placement.release], WHOLE_ROW=cfg.split_k == 1 and k <= cfg.block_k,
+        NORM_AFTER=NORM_AFTER_DOT and norm_weight is not None and cfg.block_m >= 16 and dtype != torch.float16,
+        **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )
     return out
