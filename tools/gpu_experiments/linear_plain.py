@@ -11,6 +11,7 @@ Variants (name -> GEMV, PDL placement, configs):
   new       this branch's kernel, tuned table;   +pre: the preload placement
   newplain  this branch's kernel with the plain GEMV's blocking at every key (4 rows x min(1024, K), 4 warps)
   plain     labkit.ops.plain_gemv (no fusions), the yardstick
+  new-normafter  batch 16: lin.NORM_AFTER_DOT (rstd applied after the tl.dot loop, no pass before it)
 Every variant is checked against its reference (labkit.bench.chain.Chain.check) before it is timed.
 """
 
@@ -56,22 +57,25 @@ def plain_blocking(model, batch: int = 1) -> dict:
 
 
 NOPRE, PRE = "no-preload+early", "preload+early"
-# (tag, gemv, pdl, placement, plain blocking?, batch)
+# (tag, gemv, pdl, placement, plain blocking?, batch, lin.NORM_AFTER_DOT)
 VARIANTS = [
-    ("main", "linear-main", True, NOPRE, False, 1),
-    ("new", "linear", True, NOPRE, False, 1),
-    ("new+pre", "linear", True, PRE, False, 1),
-    ("newplain", "linear", True, NOPRE, True, 1),
-    ("newplain+pre", "linear", True, PRE, True, 1),
-    ("plain", "plain", True, None, False, 1),
-    ("new", "linear", True, NOPRE, False, 16),
-    ("cublas", "cublas", False, None, False, 16),
+    ("main", "linear-main", True, NOPRE, False, 1, False),
+    ("new", "linear", True, NOPRE, False, 1, False),
+    ("new+pre", "linear", True, PRE, False, 1, False),
+    ("newplain", "linear", True, NOPRE, True, 1, False),
+    ("newplain+pre", "linear", True, PRE, True, 1, False),
+    ("plain", "plain", True, None, False, 1, False),
+    ("main", "linear-main", True, NOPRE, False, 16, False),
+    ("new", "linear", True, NOPRE, False, 16, False),
+    ("new-normafter", "linear", True, NOPRE, False, 16, True),
+    ("cublas", "cublas", False, None, False, 16, False),
 ]
-GROUPS_FOR = {("new", 1)}
+GROUPS_FOR = {("new", 1), ("new-normafter", 16)}
 
 
 def _chain_args(model, v):
-    tag, gemv, pdl, pl, plainb, batch = v
+    tag, gemv, pdl, pl, plainb, batch, norm_after = v
+    lin.NORM_AFTER_DOT = norm_after  # read at launch time
     return dict(batch=batch, gemv=gemv, pdl=pdl, placement=pl and ch.parse_placement(pl),
                 configs=plain_blocking(model, batch) if plainb else None)
 
@@ -147,15 +151,17 @@ def stage_decode(res: Path) -> None:
 
     rows = []
     models = {name: build(name, dtype=torch.bfloat16, device="cuda", seed=0) for name in MODELS}
-    runs = [(1, NOPRE, "tuned"), (1, PRE, "tuned"), (1, NOPRE, "plain-blocking"), (16, NOPRE, "tuned")]
-    for batch, pl, blocking in runs:
+    runs = [(1, NOPRE, "tuned", False), (1, PRE, "tuned", False), (1, NOPRE, "plain-blocking", False),
+            (16, NOPRE, "tuned", False), (16, NOPRE, "tuned", True)]
+    for batch, pl, blocking, norm_after in runs:
         for name, model in models.items():
             lin.PDL_PLACEMENT = ch.parse_placement(pl)
+            lin.NORM_AFTER_DOT = norm_after
             fused.tuned_linear_config = plain_config if blocking == "plain-blocking" else tuned
             release_pooled(model)
             r = time_decode(model, "fused+graph+pdl", batch, prompt=32, new_tokens=64, repeats=3)
-            rows.append(dataclasses.asdict(r) | {"placement": pl, "blocking": blocking})
-            print(f"decode {name:>14} B={batch:<3} fused+graph+pdl {pl:18} {blocking:15} "
+            rows.append(dataclasses.asdict(r) | {"placement": pl, "blocking": blocking, "norm_after_dot": norm_after})
+            print(f"decode {name:>14} B={batch:<3} fused+graph+pdl {pl:18} {blocking:15} norm_after={norm_after!s:5} "
                   f"{r.tokens_per_s or 0:9.1f} tok/s {r.error or ''}", flush=True)
             dump(res, "decode", rows)
     fused.tuned_linear_config = tuned
