@@ -26,14 +26,19 @@ to arrive (an atomic counter) sums the partials in a fixed order and runs the ep
 result is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
 parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 programs per SM,
 split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits).
+It requests weights first, as the plain GEMV (:mod:`labkit.ops.plain_gemv`) does: the first K tile
+of every row block is loaded before the input row, before the norm's reduction and (with preload)
+before the PDL wait, so that the HBM latency of the stream overlaps them instead of following them;
+that first tile is peeled off the loop, and when it spans the whole row the norm's statistics are
+taken from the same registers. (Loading the input and reducing it first, as this kernel did until
+2026-12-01, put one L2 round trip and a block-wide reduction ahead of every projection's stream.)
 With programmatic dependent launch (``pdl=True``, Hopper+) the kernel may start while the
 previous one still runs: its weights depend on nothing that kernel writes, so the first K tile of
-each program (all of it when ``k_per_split <= BLOCK_K``) can be loaded before ``gdc_wait``, and the
-next kernel can be released (``gdc_launch_dependents``) at once, after the wait, or after the K loop
-(:class:`PdlPlacement`). Any release point is safe: the next kernel's own wait orders it after this
-whole grid. The default, :data:`PDL_PLACEMENT`, is the placement this kernel has had since PDL came in
-(preload, release after the K loop); the others are there to be measured in the chained step
-(``python -m labkit bench chain --placements ...``) before one of them becomes the default.
+each program can be loaded before ``gdc_wait``, and the next kernel can be released
+(``gdc_launch_dependents``) at once, after the wait, or after the K loop (:class:`PdlPlacement`).
+Any release point is safe: the next kernel's own wait orders it after this whole grid. The default
+is :data:`PDL_PLACEMENT`, the fastest placement measured in the chained step
+(``python -m labkit bench chain --placements ...``).
 Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
 measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
 would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
