@@ -69,7 +69,7 @@ VARIANTS = [  # most telling first: a step that runs out of time keeps the rows 
     ("new", "linear", True, NOPRE, False, 16, False),
     ("cublas", "cublas", False, None, False, 16, False),
 ]
-GROUPS_FOR = {("new+pre", 1), ("new-normafter", 16)}
+GROUPS_FOR = {("new+pre", 1), ("newplain+pre", 1), ("new-normafter", 16)}
 
 
 def _chain_args(model, v):
@@ -124,7 +124,7 @@ def stage_chain(res: Path) -> None:
             a = _chain_args(model, v)
             print(f"[{v[0]}]", end=" ", flush=True)
             r = ch.run_chain(model, a["batch"], a["gemv"], pdl=a["pdl"], placement=a["placement"],
-                             configs=a["configs"], per_group=(v[0], a["batch"]) in GROUPS_FOR, repeats=15)
+                             configs=a["configs"], per_group=(v[0], a["batch"]) in GROUPS_FOR, repeats=10)
             rows.append(dataclasses.asdict(r) | {"tag": v[0]})
             for g in r.groups:
                 if "us_per_kernel" in g:
@@ -165,10 +165,10 @@ def stage_decode(res: Path) -> None:
     best = best_batch1(res)
     print(f"best batch-1 chain variant (both presets' total): {best}", flush=True)
     _, _, _, pl_best, plainb, _, _ = next(v for v in VARIANTS if v[0] == best and v[5] == 1)
-    runs = [(1, pl_best, "plain-blocking" if plainb else "tuned", False), (16, NOPRE, "tuned", True),
-            (16, NOPRE, "tuned", False)]
+    runs = [(1, pl_best, "plain-blocking" if plainb else "tuned", False), (16, NOPRE, "tuned", True)]
     if (pl_best, plainb) != (NOPRE, False):
-        runs.insert(1, (1, NOPRE, "tuned", False))  # main's defaults, with this branch's kernel
+        runs.append((1, NOPRE, "tuned", False))  # main's defaults, with this branch's kernel
+    runs.append((16, NOPRE, "tuned", False))
     for batch, pl, blocking, norm_after in runs:
         for name, model in models.items():
             lin.PDL_PLACEMENT = ch.parse_placement(pl)
