@@ -80,10 +80,10 @@ from .norm import rms_norm_ref
 # -- kernel -------------------------------------------------------------------------------------------
 @device_function
 def _linear_epilogue(
-    acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+    acc, acc1, acc2, res_tile, offs_m, offs_n, m_mask, n_mask, N, pid_n,
     out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
     OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KW: tl.constexpr,
-    RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
+    RESIDUAL: tl.constexpr, RES_LOADED: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     mask = m_mask[:, None] & n_mask[None, :]
@@ -118,7 +118,10 @@ def _linear_epilogue(
         tl.store(state + (KW - 2) * N, bx, mask=mask)
         y = gate_c * y
     elif RESIDUAL:
-        y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + acc
+        if RES_LOADED:  # loaded right after the wait, off this tail's critical path
+            y = res_tile.to(tl.float32) + acc
+        else:
+            y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + acc
         tl.debug_barrier()  # out may be the residual itself: all reads before any write
     else:
         y = acc
@@ -148,6 +151,7 @@ def _linear_kernel(
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
     PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr, NORM_AFTER: tl.constexpr,
+    RESIDUAL_EARLY: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
@@ -202,6 +206,11 @@ def _linear_kernel(
             gdc_wait()  # the input row comes from the previous kernel
             if RELEASE == 2:
                 gdc_launch_dependents()
+        if RESIDUAL_EARLY:
+            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
+                               other=0.0)
+        else:
+            res_tile = 0.0
         if not PRELOAD:
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 2:
@@ -267,6 +276,11 @@ def _linear_kernel(
             gdc_wait()
             if RELEASE == 2:
                 gdc_launch_dependents()
+        if RESIDUAL_EARLY:
+            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
+                               other=0.0)
+        else:
+            res_tile = 0.0
         if NORM and not NORM_AFTER:
             # a pass over the rows first: squares summed per lane, reduced across the block once
             sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
@@ -322,9 +336,9 @@ def _linear_kernel(
             acc1 *= rstd
             acc2 *= rstd
         _linear_epilogue(
-            acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+            acc, acc1, acc2, res_tile, offs_m, offs_n, m_mask, n_mask, N, pid_n,
             out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
-            OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
+            OUT_DTYPE, BLOCK_N, KW, RESIDUAL, RESIDUAL_EARLY, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
         )
     else:
         # partials[s, m, r * N + n] in float32; the last program of the tile sums them in split order
@@ -362,9 +376,9 @@ def _linear_kernel(
                 total1 *= rstd
                 total2 *= rstd
             _linear_epilogue(
-                total, total1, total2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+                total, total1, total2, total, offs_m, offs_n, m_mask, n_mask, N, pid_n,
                 out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
-                OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
+                OUT_DTYPE, BLOCK_N, KW, RESIDUAL, False, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
             )
 
 
@@ -403,6 +417,11 @@ PDL_PLACEMENT = PdlPlacement(preload=False, release="early")
 # rounded at a different point (about one bfloat16 unit in the last place of some outputs); not for
 # float16, where x * w unscaled could overflow. To be chosen by the chained step's measurement.
 NORM_AFTER_DOT = False
+
+# Whether a residual epilogue without split K loads its residual tile right after the wait (True),
+# so that the tail of the kernel is the store alone, or after the K loop (False), one more L2
+# round trip behind the stream. To be chosen by the chained step's measurement.
+RESIDUAL_FIRST = True
 
 
 @dataclass(frozen=True)
@@ -699,6 +718,7 @@ def launch_linear(
         ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
         RELEASE=RELEASES[placement.release], WHOLE_ROW=cfg.split_k == 1 and k <= cfg.block_k,
         NORM_AFTER=NORM_AFTER_DOT and norm_weight is not None and cfg.block_m >= 16 and dtype != torch.float16,
+        RESIDUAL_EARLY=RESIDUAL_FIRST and residual is not None and cfg.split_k == 1,
         **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )

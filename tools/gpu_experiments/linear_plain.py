@@ -12,6 +12,7 @@ Variants (name -> GEMV, PDL placement, configs):
   newplain  this branch's kernel with the plain GEMV's blocking at every key (4 rows x min(1024, K), 4 warps)
   plain     labkit.ops.plain_gemv (no fusions), the yardstick
   new-normafter  batch 16: lin.NORM_AFTER_DOT (rstd applied after the tl.dot loop, no pass before it)
+  new+pre-lateres  the residual loaded after the K loop (lin.RESIDUAL_FIRST = False), as on main
   mm-lean   batch 16: cuBLAS + one-kernel norm / epilogue ops (a lean dispatch to cuBLAS), per key
 Every variant is checked against its reference (labkit.bench.chain.Chain.check) before it is timed.
 """
@@ -79,25 +80,30 @@ def plain_blocking(model, batch: int = 1) -> dict:
 
 
 NOPRE, PRE = "no-preload+early", "preload+early"
-# (tag, gemv, pdl, placement, plain blocking?, batch, lin.NORM_AFTER_DOT)
+AFTER = {"NORM_AFTER_DOT": True}  # module flags of labkit.ops.linear a variant sets (else the defaults below)
+LATE_RES = {"RESIDUAL_FIRST": False}
+FLAGS = {"NORM_AFTER_DOT": False, "RESIDUAL_FIRST": True}
+# (tag, gemv, pdl, placement, plain blocking?, batch, flags)
 VARIANTS = [  # most telling first: a step that runs out of time keeps the rows before it
-    ("new+pre", "linear", True, PRE, False, 1, False),
-    ("new", "linear", True, NOPRE, False, 1, False),
-    ("main", "linear-main", True, NOPRE, False, 1, False),
-    ("plain", "plain", True, None, False, 1, False),
-    ("newplain+pre", "linear", True, PRE, True, 1, False),
-    ("newplain", "linear", True, NOPRE, True, 1, False),
-    ("new-normafter", "linear", True, NOPRE, False, 16, True),
-    ("new", "linear", True, NOPRE, False, 16, False),
-    ("cublas", "cublas", False, None, False, 16, False),
-    ("mm-lean", "mm-lean", False, None, False, 16, False),
+    ("new+pre", "linear", True, PRE, False, 1, {}),
+    ("new", "linear", True, NOPRE, False, 1, {}),
+    ("main", "linear-main", True, NOPRE, False, 1, {}),
+    ("plain", "plain", True, None, False, 1, {}),
+    ("newplain+pre", "linear", True, PRE, True, 1, {}),
+    ("newplain", "linear", True, NOPRE, True, 1, {}),
+    ("new+pre-lateres", "linear", True, PRE, False, 1, LATE_RES),
+    ("new-normafter", "linear", True, NOPRE, False, 16, AFTER),
+    ("new", "linear", True, NOPRE, False, 16, {}),
+    ("cublas", "cublas", False, None, False, 16, {}),
+    ("mm-lean", "mm-lean", False, None, False, 16, {}),
 ]
 GROUPS_FOR = {("new+pre", 1), ("newplain+pre", 1), ("new-normafter", 16), ("mm-lean", 16)}
 
 
 def _chain_args(model, v):
-    tag, gemv, pdl, pl, plainb, batch, norm_after = v
-    lin.NORM_AFTER_DOT = norm_after  # read at launch time
+    tag, gemv, pdl, pl, plainb, batch, flags = v
+    for name, value in (FLAGS | flags).items():  # read at launch time
+        setattr(lin, name, value)
     return dict(batch=batch, gemv=gemv, pdl=pdl, placement=pl and ch.parse_placement(pl),
                 configs=plain_blocking(model, batch) if plainb else None)
 
@@ -192,6 +198,7 @@ def stage_decode(res: Path) -> None:
     if (pl_best, plainb) != (NOPRE, False):
         runs.append((1, NOPRE, "tuned", False))  # main's defaults, with this branch's kernel
     runs.append((16, NOPRE, "tuned", False))
+    lin.RESIDUAL_FIRST = FLAGS["RESIDUAL_FIRST"]
     for batch, pl, blocking, norm_after in runs:
         for name, model in models.items():
             lin.PDL_PLACEMENT = ch.parse_placement(pl)
