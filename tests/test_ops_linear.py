@@ -228,3 +228,38 @@ def test_norm_applied_after_the_dot(monkeypatch, m, config, device):
         linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, short_conv=(state, conv_w), config=config)
         assert rel_err(out, y_ref) < BOUND[dtype]
         assert rel_err(state, state_ref) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_unfused_matches_the_reference(dtype, device):
+    """linear_unfused (one-kernel norm, cuBLAS, one-kernel epilogue): every epilogue against
+    linear_ref on odd shapes (3 rows, 37 or 40 outputs, K = 72), outputs poisoned, the residual
+    in place, the conv state shifted as the fused kernel shifts it."""
+    from labkit.ops.linear import linear_unfused
+    from labkit.ops.short_conv import short_conv_decode_ref
+
+    x, w, norm, _ = _data(3, 3 * 40, 72, dtype, device, seed=10)
+    res = torch.randn(3, 3 * 40, generator=torch.Generator().manual_seed(11)).to(dtype=dtype, device=device)
+    for unit in (False, True):
+        kw = dict(norm_weight=norm, norm_eps=1e-5, norm_unit_offset=unit)
+        out = _nan(3, 3 * 40, dtype=dtype, device=device)
+        linear_unfused(x, w, out=out, **kw)
+        assert rel_err(out, linear_ref(x, w, **kw)) < BOUND[dtype]
+        in_place = res.clone()
+        assert linear_unfused(x, w, residual=in_place, **kw).data_ptr() == in_place.data_ptr()
+        assert rel_err(in_place, linear_ref(x, w, residual=res, **kw)) < BOUND[dtype]
+        out = _nan(3, 3 * 40, dtype=dtype, device=device)
+        linear_unfused(x, w, out=out, residual=res, **kw)
+        assert rel_err(out, linear_ref(x, w, residual=res, **kw)) < BOUND[dtype]
+        out = _nan(3, 60, dtype=dtype, device=device)
+        linear_unfused(x, w, out=out, swiglu=True, **kw)
+        assert rel_err(out, linear_ref(x, w, swiglu=True, **kw)) < BOUND[dtype]
+    state = torch.randn(3, 2, 40, generator=torch.Generator().manual_seed(12)).to(dtype=dtype, device=device)
+    conv_w = torch.randn(40, 3, generator=torch.Generator().manual_seed(13)).to(dtype=dtype, device=device)
+    y_ref, state_ref = short_conv_decode_ref(linear_ref(x, w, norm_weight=norm), state, conv_w)
+    out = _nan(3, 40, dtype=dtype, device=device)
+    linear_unfused(x, w, out=out, norm_weight=norm, short_conv=(state, conv_w))
+    assert rel_err(out, y_ref) < BOUND[dtype]
+    assert rel_err(state, state_ref) < BOUND[dtype] / 10
+    with pytest.raises(ValueError, match="cannot be combined"):
+        linear_unfused(x, w, swiglu=True, short_conv=(state, conv_w))

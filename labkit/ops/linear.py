@@ -725,6 +725,52 @@ def launch_linear(
     return out
 
 
+# -- the unfused alternative --------------------------------------------------------------------------
+def linear_unfused(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_unit_offset: bool = False,
+    swiglu: bool = False,
+    short_conv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """:func:`linear`'s function with cuBLAS doing the matmul and each fusion its own one-kernel op:
+    RMSNorm (:func:`labkit.ops.prefill_fusions.rms_norm_rows`), then ``addmm`` with the residual
+    as its C (one cuBLAS call; the sum is rounded once, where the reference rounds the projection
+    first), or ``mm`` followed by SwiGLU (:func:`~labkit.ops.prefill_fusions.swiglu_rows`) or the
+    gated short conv (:func:`labkit.ops.short_conv.short_conv_decode`, which shifts ``conv_state``
+    in place as :func:`linear` does). Up to three kernels where :func:`linear` launches one: the
+    alternative a batch >= 16 projection is dispatched to where cuBLAS's matmul wins by more than
+    the extra launches cost. Same arguments and in-place semantics as :func:`linear`."""
+    from .prefill_fusions import rms_norm_rows, swiglu_rows
+    from .short_conv import short_conv_decode
+
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
+    check_tensor("x", x, dtype=weight.dtype, shape=(None, weight.shape[1]))
+    if swiglu and short_conv is not None:
+        raise ValueError("swiglu and short_conv epilogues cannot be combined")
+    if residual is not None and (swiglu or short_conv is not None):
+        raise ValueError("a residual epilogue cannot be combined with swiglu or short_conv")
+    xn = x if norm_weight is None else rms_norm_rows(x, norm_weight, check_eps("norm_eps", norm_eps), norm_unit_offset)
+    if residual is not None:
+        check_tensor("residual", residual, dtype=weight.dtype, shape=(x.shape[0], weight.shape[0]))
+        if out is None or out.data_ptr() == residual.data_ptr():
+            return residual.addmm_(xn, weight.t())
+        return torch.addmm(residual, xn, weight.t(), out=out)
+    if swiglu:
+        y = swiglu_rows(torch.mm(xn, weight.t()))
+        return y if out is None else out.copy_(y)
+    if short_conv is not None:
+        return short_conv_decode(torch.mm(xn, weight.t()), short_conv[0], short_conv[1], out=out)
+    return torch.mm(xn, weight.t(), out=out)
+
+
 # -- reference ----------------------------------------------------------------------------------------
 def linear_ref(
     x: torch.Tensor,

@@ -13,7 +13,8 @@ Variants (name -> GEMV, PDL placement, configs):
   plain     labkit.ops.plain_gemv (no fusions), the yardstick
   new-normafter  batch 16: lin.NORM_AFTER_DOT (rstd applied after the tl.dot loop, no pass before it)
   new+pre-lateres  the residual loaded after the K loop (lin.RESIDUAL_FIRST = False), as on main
-  mm-lean   batch 16: cuBLAS + one-kernel norm / epilogue ops (a lean dispatch to cuBLAS), per key
+  torch     batch 16: the chain's "torch", now labkit.ops.linear.linear_unfused (one-kernel norm, cuBLAS,
+            one-kernel epilogue: what a tuning-file dispatch to cuBLAS runs), per key
 Every variant is checked against its reference (labkit.bench.chain.Chain.check) before it is timed.
 """
 
@@ -52,27 +53,6 @@ def _old_linear(x, weight, *, config=None, workspace=None, placement=None, **kw)
 ch.register_gemv("linear-main", _old_linear, fused=True, configs=True)
 
 
-def _mm_lean(x, weight, *, out=None, residual=None, short_conv=None, norm_weight=None, norm_eps=1e-6,
-             norm_unit_offset=False, swiglu=False, **_):
-    """cuBLAS with the fusions as separate one-kernel ops (what a dispatch to cuBLAS could run, unlike the
-    chain's "torch", the float32 reference with ~10 kernels per norm): norm (rms_norm_rows), then
-    addmm with the residual as C, or mm and swiglu_rows / short_conv_decode / nothing."""
-    from labkit.ops.prefill_fusions import rms_norm_rows, swiglu_rows
-    from labkit.ops.short_conv import short_conv_decode
-
-    xn = x if norm_weight is None else rms_norm_rows(x, norm_weight, norm_eps, norm_unit_offset)
-    if residual is not None:
-        return torch.addmm(residual, xn, weight.t(), out=out)
-    if swiglu:
-        return out.copy_(swiglu_rows(torch.mm(xn, weight.t())))
-    if short_conv is not None:
-        return short_conv_decode(torch.mm(xn, weight.t()), short_conv[0], short_conv[1], out=out)
-    return torch.mm(xn, weight.t(), out=out)
-
-
-ch.register_gemv("mm-lean", _mm_lean, fused=True)
-
-
 def plain_blocking(model, batch: int = 1) -> dict:
     """The plain GEMV's blocking (4 whole rows per program, K tiles of min(1024, K), 4 warps) at every key."""
     return {key: lin.LinearConfig(1, 4, min(1024, next_pow2(key.k)), 1, num_warps=4, num_stages=1)
@@ -95,9 +75,9 @@ VARIANTS = [  # most telling first: a step that runs out of time keeps the rows 
     ("new-normafter", "linear", True, NOPRE, False, 16, AFTER),
     ("new", "linear", True, NOPRE, False, 16, {}),
     ("cublas", "cublas", False, None, False, 16, {}),
-    ("mm-lean", "mm-lean", False, None, False, 16, {}),
+    ("torch", "torch", False, None, False, 16, {}),
 ]
-GROUPS_FOR = {("new+pre", 1), ("newplain+pre", 1), ("new-normafter", 16), ("mm-lean", 16)}
+GROUPS_FOR = {("new+pre", 1), ("newplain+pre", 1), ("new-normafter", 16), ("torch", 16)}
 
 
 def _chain_args(model, v):
