@@ -186,7 +186,7 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
               "back to back in one CUDA graph with weight copies past L2, launched as the step launches them "
               "(pdl/placement as recorded); 'us' is per kernel. The LM head's greedy key (argmax) gets the logits "
               "key's configuration, so that both paths sum in the same order. At batch >= 16, 'us.torch' is the same "
-              "sub-chain run unfused (norm, cuBLAS matmul, epilogue); 'impl': 'torch' where that beat the best "
+              "sub-chain run unfused (linear_unfused: one-kernel norm, cuBLAS matmul, one-kernel epilogue); 'impl': 'torch' where that beat the best "
               "blocking by more than 3%, and the fused backend then runs it so (labkit.fused).")
 
 
