@@ -12,6 +12,7 @@ Variants (name -> GEMV, PDL placement, configs):
   newplain  this branch's kernel with the plain GEMV's blocking at every key (4 rows x min(1024, K), 4 warps)
   plain     labkit.ops.plain_gemv (no fusions), the yardstick
   new-normafter  batch 16: lin.NORM_AFTER_DOT (rstd applied after the tl.dot loop, no pass before it)
+  new+pre-head16x1024 / -head8x1024  the LM head alone in one K tile per program (as many tiles as now / 2x)
   new+pre-lateres  the residual loaded after the K loop (lin.RESIDUAL_FIRST = False), as on main
   torch     batch 16: the chain's "torch", now labkit.ops.linear.linear_unfused (one-kernel norm, cuBLAS,
             one-kernel epilogue: what a tuning-file dispatch to cuBLAS runs), per key
@@ -53,6 +54,13 @@ def _old_linear(x, weight, *, config=None, workspace=None, placement=None, **kw)
 ch.register_gemv("linear-main", _old_linear, fused=True, configs=True)
 
 
+def head_blocking(model, block_n: int, block_k: int, warps: int) -> dict:
+    """Only the LM head's key (logits, batch 1) set to ``block_n x block_k``; the rest from the table."""
+    head = ch.chain_ops(model)[-1]
+    return {head.key(1): lin.LinearConfig(1, block_n, min(block_k, next_pow2(head.case.weight.shape[1])), 1,
+                                          num_warps=warps, num_stages=1)}
+
+
 def plain_blocking(model, batch: int = 1) -> dict:
     """The plain GEMV's blocking (4 whole rows per program, K tiles of min(1024, K), 4 warps) at every key."""
     return {key: lin.LinearConfig(1, 4, min(1024, next_pow2(key.k)), 1, num_warps=4, num_stages=1)
@@ -63,19 +71,21 @@ NOPRE, PRE = "no-preload+early", "preload+early"
 AFTER = {"NORM_AFTER_DOT": True}  # module flags of labkit.ops.linear a variant sets (else the defaults below)
 LATE_RES = {"RESIDUAL_FIRST": False}
 FLAGS = {"NORM_AFTER_DOT": False, "RESIDUAL_FIRST": True}
-# (tag, gemv, pdl, placement, plain blocking?, batch, flags)
+# (tag, gemv, pdl, placement, plain blocking? (or the LM head's (block_n, block_k, warps)), batch, flags)
 VARIANTS = [  # most telling first: a step that runs out of time keeps the rows before it
     ("new+pre", "linear", True, PRE, False, 1, {}),
     ("new", "linear", True, NOPRE, False, 1, {}),
     ("main", "linear-main", True, NOPRE, False, 1, {}),
     ("plain", "plain", True, None, False, 1, {}),
-    ("newplain+pre", "linear", True, PRE, True, 1, {}),
-    ("newplain", "linear", True, NOPRE, True, 1, {}),
-    ("new+pre-lateres", "linear", True, PRE, False, 1, LATE_RES),
     ("new-normafter", "linear", True, NOPRE, False, 16, AFTER),
+    ("torch", "torch", False, None, False, 16, {}),
     ("new", "linear", True, NOPRE, False, 16, {}),
     ("cublas", "cublas", False, None, False, 16, {}),
-    ("torch", "torch", False, None, False, 16, {}),
+    ("newplain+pre", "linear", True, PRE, True, 1, {}),
+    ("new+pre-head16x1024", "linear", True, PRE, (16, 1024, 8), 1, {}),
+    ("new+pre-head8x1024", "linear", True, PRE, (8, 1024, 4), 1, {}),
+    ("new+pre-lateres", "linear", True, PRE, False, 1, LATE_RES),
+    ("newplain", "linear", True, NOPRE, True, 1, {}),
 ]
 GROUPS_FOR = {("new+pre", 1), ("newplain+pre", 1), ("new-normafter", 16), ("torch", 16)}
 
@@ -84,8 +94,11 @@ def _chain_args(model, v):
     tag, gemv, pdl, pl, plainb, batch, flags = v
     for name, value in (FLAGS | flags).items():  # read at launch time
         setattr(lin, name, value)
-    return dict(batch=batch, gemv=gemv, pdl=pdl, placement=pl and ch.parse_placement(pl),
-                configs=plain_blocking(model, batch) if plainb else None)
+    if isinstance(plainb, tuple):  # (block_n, block_k, warps) of the LM head only
+        configs = head_blocking(model, *plainb)
+    else:
+        configs = plain_blocking(model, batch) if plainb else None
+    return dict(batch=batch, gemv=gemv, pdl=pdl, placement=pl and ch.parse_placement(pl), configs=configs)
 
 
 def warm(shard: int, shards: int) -> None:
@@ -102,13 +115,17 @@ def warm(shard: int, shards: int) -> None:
             del model
         except Exception as e:  # noqa: BLE001
             print(f"warm decode: {type(e).__name__}: {e}"[:300])
+    if shard < len(jobs) and shards > 2 * len(jobs):
+        print(f"shard {shard}/{shards}: {time.perf_counter() - t0:.0f} s", flush=True)
+        return  # enough shards: the chain's kernels are compiled by the others
+    first = len(jobs) if shards > 2 * len(jobs) else 0
     i = -1
     for name in MODELS:
         model = build(name, dtype=torch.bfloat16, device="cuda", seed=0)
         ops = ch.chain_ops(model)
         for v in VARIANTS:
             i += 1
-            if i % shards != shard:
+            if first + i % (shards - first) != shard:
                 continue
             a = _chain_args(model, v)
             try:
