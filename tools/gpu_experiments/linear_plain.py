@@ -139,6 +139,7 @@ def warm(shard: int, shards: int) -> None:
 
 
 def dump(res: Path, name: str, obj) -> None:
+    res.mkdir(parents=True, exist_ok=True)
     (res / f"{name}.json").write_text(json.dumps(obj, indent=1, default=str) + "\n")
 
 
