@@ -158,8 +158,9 @@ def _linear_kernel(
         acc_r[m, n] = sum_k xn[m, k] * W[r * N + n, k]        r < ROW_BLOCKS (1; 2 for SwiGLU; 3 for the short conv)
         xn = x, or with NORM: xn[m, k] = x[m, k] / sqrt(mean_k' x[m, k']^2 + eps) * w[k] (or 1 + w[k]),
 
-    xn rounded to the weight dtype (what a separate norm would have stored). The epilogue adds the
-    residual, or takes silu(acc_0) * acc_1, or runs the gated short conv on (B, C, x) =
+    xn rounded to the weight dtype (what a separate norm would have stored; with NORM_AFTER the tl.dot
+    loop rounds x * w instead and scales acc_r by rstd after the loop: :data:`NORM_AFTER_DOT`).
+    The epilogue adds the residual (loaded right after the wait with RESIDUAL_EARLY), or takes silu(acc_0) * acc_1, or runs the gated short conv on (B, C, x) =
     (acc_0, acc_1, acc_2) with its state, or stores per-tile argmaxes.
     Grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)); W is [ROW_BLOCKS * N, K], row-major.
     """
@@ -206,17 +207,17 @@ def _linear_kernel(
             gdc_wait()  # the input row comes from the previous kernel
             if RELEASE == 2:
                 gdc_launch_dependents()
-        if RESIDUAL_EARLY:
-            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
-                               other=0.0)
-        else:
-            res_tile = 0.0
         if not PRELOAD:
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 2:
                 wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 3:
                 wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+        if RESIDUAL_EARLY:
+            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
+                               other=0.0)
+        else:
+            res_tile = 0.0
         xf = tl.load(x_rows + kk, mask=m_mask[:, None] & (kk < k_hi), other=0.0).to(tl.float32)  # [1, BLOCK_K]
         if NORM:
             if WHOLE_ROW:
