@@ -283,14 +283,15 @@ def _linear_kernel(
         else:
             res_tile = 0.0
         if NORM and not NORM_AFTER:
-            # a pass over the rows first: squares summed per lane, reduced across the block once
-            sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+            # a pass over the rows first (as on main: a [BLOCK_M, BLOCK_K] accumulator held across it
+            # measured slower at batch 16)
+            sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 kx = k0 + offs_k
                 xv = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & (kx[None, :] < K), other=0.0)
                 xv = xv.to(tl.float32)
-                sq += xv * xv
-            rstd = tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
+                sum_sq += tl.sum(xv * xv, axis=1)
+            rstd = tl.rsqrt(sum_sq / K + eps)
         if NORM_AFTER:
             # squares of the x tiles this loop loads anyway, per lane; reduced once after the loop
             sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
@@ -317,12 +318,14 @@ def _linear_kernel(
                 else:
                     xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
-            acc = dot(xv, tl.trans(wt0), acc, DOT_F32)
             if ROW_BLOCKS >= 2:
                 wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
-                acc1 = dot(xv, tl.trans(wt1), acc1, DOT_F32)
             if ROW_BLOCKS >= 3:
                 wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+            acc = dot(xv, tl.trans(wt0), acc, DOT_F32)
+            if ROW_BLOCKS >= 2:
+                acc1 = dot(xv, tl.trans(wt1), acc1, DOT_F32)
+            if ROW_BLOCKS >= 3:
                 acc2 = dot(xv, tl.trans(wt2), acc2, DOT_F32)
 
     if USE_PDL and RELEASE == 0:
@@ -402,15 +405,17 @@ class PdlPlacement:
             raise ValueError(f"PdlPlacement.release must be one of {sorted(RELEASES)}, got {self.release!r}")
 
 
-# The placement PDL launches use unless told otherwise: the fastest of the six in the chained step
-# (labkit.bench.chain, H200, 2026-12-01: LFM2-350M's 65 projections at batch 1, 0.357 ms against
-# 0.434 ms for the old preload+end, which was slower than no PDL at 0.400). Our reading, not yet
-# measured per program: a weight tile loaded before the wait holds the waiting program's registers
-# and SM slot, so programs that could stream are not scheduled; a late release serialises the
-# launches that PDL was meant to overlap.
-PDL_PLACEMENT = PdlPlacement(preload=False, release="early")
+# The placement PDL launches use unless told otherwise, measured in the chained step (labkit.bench.chain,
+# H200, 2026-12-01). With the weights-first loop, preloading the first tile before the wait and
+# releasing the dependents first thing is the fastest: LFM2-350M's 65 projections 0.327 ms against
+# 0.357 without the preload (Qwen3.5-0.8B 0.631 against 0.660). With the old loop (input and norm
+# first) the preload had been slower (0.392 against 0.357 ms): it held the first tile through the
+# norm's pass and chose it by a branch in the K loop.
+PDL_PLACEMENT = PdlPlacement(preload=True, release="early")
 
-# How the tl.dot loop (batch >= 2) applies the norm prologue. False: a pass over the input rows for
+# How the tl.dot loop (batch >= 2) applies the norm prologue. False (measured: True made LFM2-350M's
+# batch-16 chain 0.950 ms against 0.669, decode 15,900 against 23,000 tok/s on the H200,
+# 2026-12-01; its in-loop x * w and squares cost more than the pass they replace): a pass over the input rows for
 # their statistics first, then xn = x * rstd * w rounded to the weight dtype in the loop, exactly what
 # a separate norm would have stored. True: no pass before the loop; the loop rounds x * w, sums the
 # squares of the x tiles it loads anyway, and the float32 dot products are scaled by rstd after it
@@ -420,9 +425,10 @@ PDL_PLACEMENT = PdlPlacement(preload=False, release="early")
 NORM_AFTER_DOT = False
 
 # Whether a residual epilogue without split K loads its residual tile right after the wait (True),
-# so that the tail of the kernel is the store alone, or after the K loop (False), one more L2
-# round trip behind the stream. To be chosen by the chained step's measurement.
-RESIDUAL_FIRST = True
+# so that the tail of the kernel is the store alone, or after the K loop (False), as it always did.
+# Measured in the chained step at batch 1 (H200, 2026-12-01, PDL preload+early): the late load is
+# as fast or faster (LFM2-350M 0.324 vs 0.327 ms, Qwen3.5-0.8B 0.611 vs 0.631 ms), so it stays.
+RESIDUAL_FIRST = False
 
 
 @dataclass(frozen=True)
