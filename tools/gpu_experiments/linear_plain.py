@@ -1,21 +1,17 @@
-"""Round-B driver for branch linear-plain (issue 14): does labkit.ops.linear's batch-1 loop, now
-loading weights first (the first K tile before the input, the norm's reduction and, with preload,
-the PDL wait), stream like the plain GEMV inside the chained step? Run by linear-plain.sh.
+"""Round-B driver for branch linear-plain (issue 14), second run: this branch's defaults (the
+weights-first batch-1 loop, PDL preload+early, the batch-1 table measured in the first run) against
+main's kernel with main's placement and table, in the chained step (labkit.bench.chain) and in decode;
+at batch 16, per key, this kernel against the unfused path (labkit.ops.linear.linear_unfused: one-kernel
+norm, cuBLAS, one-kernel epilogue), and the step with the keys where the unfused path won dispatched to it.
+Run by linear-plain.sh.
 
   --warm i/N     compile (and check) shard i of every variant, N processes in parallel;
   --stage chain  time every variant over the whole chain (checked first), results to --res;
-  --stage decode decode tok/s with the new kernel (tuned table, and plain blockings at batch 1).
+  --stage decode decode tok/s (fused+graph+pdl at batch 1 and 16, with and without the dispatch).
 
-Variants (name -> GEMV, PDL placement, configs):
-  main      the kernel as on main (tools/gpu_experiments/linear_plain_main_kernel.py), same-run baseline
-  new       this branch's kernel, tuned table;   +pre: the preload placement
-  newplain  this branch's kernel with the plain GEMV's blocking at every key (4 rows x min(1024, K), 4 warps)
-  plain     labkit.ops.plain_gemv (no fusions), the yardstick
-  new-normafter  batch 16: lin.NORM_AFTER_DOT (rstd applied after the tl.dot loop, no pass before it)
-  new+pre-head16x1024 / -head8x1024  the LM head alone in one K tile per program (as many tiles as now / 2x)
-  new+pre-lateres  the residual loaded after the K loop (lin.RESIDUAL_FIRST = False), as on main
-  torch     batch 16: the chain's "torch", now labkit.ops.linear.linear_unfused (one-kernel norm, cuBLAS,
-            one-kernel epilogue: what a tuning-file dispatch to cuBLAS runs), per key
+Variants: new (this branch's defaults), main (tools/gpu_experiments/linear_plain_main_kernel.py with
+main's table, tools/gpu_experiments/linear_plain_main_tuning.json, and main's no-preload+early), plain
+(labkit.ops.plain_gemv, the yardstick), torch (linear_unfused), cublas (bare torch.mm), step-dispatch.
 Every variant is checked against its reference (labkit.bench.chain.Chain.check) before it is timed.
 """
 
@@ -54,6 +50,19 @@ def _old_linear(x, weight, *, config=None, workspace=None, placement=None, **kw)
 ch.register_gemv("linear-main", _old_linear, fused=True, configs=True)
 
 
+def main_table(model, batch: int) -> dict:
+    """main's tuning table (tools/gpu_experiments/linear_plain_main_tuning.json) where it has the key,
+    else main's heuristic (the same code): what main ran."""
+    from labkit.tuning import linear_table
+
+    table = linear_table(Path(__file__).resolve().parent / "linear_plain_main_tuning.json")
+    out = {}
+    for key in ch.groups(ch.chain_ops(model), batch):
+        cfg = table.get(key) or old.linear_config(batch, key.n, key.k, row_blocks=key.row_blocks, argmax=key.argmax)
+        out[key] = lin.LinearConfig(**dataclasses.asdict(cfg))
+    return out
+
+
 def head_blocking(model, block_n: int, block_k: int, warps: int) -> dict:
     """Only the LM head's key (logits, batch 1) set to ``block_n x block_k``; the rest from the table."""
     head = ch.chain_ops(model)[-1]
@@ -70,24 +79,20 @@ def plain_blocking(model, batch: int = 1) -> dict:
 NOPRE, PRE = "no-preload+early", "preload+early"
 AFTER = {"NORM_AFTER_DOT": True}  # module flags of labkit.ops.linear a variant sets (else the defaults below)
 LATE_RES = {"RESIDUAL_FIRST": False}
-FLAGS = {"NORM_AFTER_DOT": False, "RESIDUAL_FIRST": True}
+FLAGS = {"NORM_AFTER_DOT": lin.NORM_AFTER_DOT, "RESIDUAL_FIRST": lin.RESIDUAL_FIRST}  # the code's own
 # (tag, gemv, pdl, placement, plain blocking? (or the LM head's (block_n, block_k, warps)), batch, flags)
 VARIANTS = [  # most telling first: a step that runs out of time keeps the rows before it
-    ("new+pre", "linear", True, PRE, False, 1, {}),
-    ("new", "linear", True, NOPRE, False, 1, {}),
-    ("main", "linear-main", True, NOPRE, False, 1, {}),
+    ("new", "linear", True, None, False, 1, {}),  # this branch's defaults: placement, tuning table
+    ("main", "linear-main", True, NOPRE, "main", 1, {}),  # main's kernel, placement and table
     ("plain", "plain", True, None, False, 1, {}),
-    ("new-normafter", "linear", True, NOPRE, False, 16, AFTER),
+    ("new", "linear", True, None, False, 16, {}),
     ("torch", "torch", False, None, False, 16, {}),
-    ("new", "linear", True, NOPRE, False, 16, {}),
+    ("main", "linear-main", True, NOPRE, "main", 16, {}),
     ("cublas", "cublas", False, None, False, 16, {}),
-    ("newplain+pre", "linear", True, PRE, True, 1, {}),
-    ("new+pre-head16x1024", "linear", True, PRE, (16, 1024, 8), 1, {}),
-    ("new+pre-head8x1024", "linear", True, PRE, (8, 1024, 4), 1, {}),
-    ("new+pre-lateres", "linear", True, PRE, False, 1, LATE_RES),
-    ("newplain", "linear", True, NOPRE, True, 1, {}),
+    ("new-nopdl", "linear", False, None, False, 1, {}),
 ]
-GROUPS_FOR = {("new+pre", 1), ("newplain+pre", 1), ("new-normafter", 16), ("torch", 16)}
+GROUPS_FOR = {("new", 1), ("new", 16), ("torch", 16)}
+DISPATCH_MARGIN = 0.03  # as labkit.bench.tune: the unfused path must win by more than noise
 
 
 def _chain_args(model, v):
@@ -96,6 +101,8 @@ def _chain_args(model, v):
         setattr(lin, name, value)
     if isinstance(plainb, tuple):  # (block_n, block_k, warps) of the LM head only
         configs = head_blocking(model, *plainb)
+    elif plainb == "main":
+        configs = main_table(model, batch)
     else:
         configs = plain_blocking(model, batch) if plainb else None
     return dict(batch=batch, gemv=gemv, pdl=pdl, placement=pl and ch.parse_placement(pl), configs=configs)
@@ -159,56 +166,81 @@ def stage_chain(res: Path) -> None:
                     print(f"      n={k['n']:6} k={k['k']:5} rb={k['row_blocks']} x{g['kernels']:2} "
                           f"{g['bytes_per_kernel'] / 1e6:7.2f} MB {g['us_per_kernel']:7.2f} us  {g['config']}")
             dump(res, "chain", rows)
+        keys = dispatch_keys(rows)
+        print(f"dispatch to linear_unfused (batch 16, measured per key above): {sorted(k.n for k in keys)}", flush=True)
+        if keys:
+            with dispatching(keys):
+                r = ch.run_chain(model, 16, "step", pdl=True, per_group=False, repeats=10)
+            rows.append(dataclasses.asdict(r) | {"tag": "step-dispatch", "dispatch": [k._asdict() for k in keys]})
+            dump(res, "chain", rows)
         del model
         torch.cuda.empty_cache()
 
 
-def best_batch1(res: Path) -> str:
-    """The fastest batch-1 variant of this kernel over both presets' chains (main's defaults if none ran)."""
-    tot: dict = {}
-    for sub in ("lfm2", "qwen"):
-        path = res / sub / "chain.json"
-        for r in json.loads(path.read_text()) if path.exists() else []:
-            if r["batch"] == 1 and r["tag"] in ("new", "new+pre", "newplain", "newplain+pre") and not r["error"]:
-                tot.setdefault(r["tag"], []).append(r["ms"])
-    tot = {k: sum(v) for k, v in tot.items() if len(v) == 2}
-    return min(tot, key=tot.get) if tot else "new"
+def dispatch_keys(rows: list) -> set:
+    """Batch-16 keys (not the LM head) where the unfused path's sub-chain beat this kernel's by more
+    than DISPATCH_MARGIN, both timed in this run."""
+    from labkit.ops.linear import TuningKey
+
+    per = {}
+    for r in rows:
+        if r["batch"] == 16 and r["tag"] in ("new", "torch"):
+            for g in r["groups"]:
+                if "us_per_kernel" in g:
+                    per.setdefault(TuningKey(**g["key"]), {})[r["tag"]] = g["us_per_kernel"]
+    return {k for k, v in per.items() if len(v) == 2 and k.n < 32768 and v["torch"] < v["new"] * (1 - DISPATCH_MARGIN)}
+
+
+class dispatching:
+    """labkit.tuning.linear_impl says "torch" at ``keys`` (as a tuning-file entry with impl would)."""
+
+    def __init__(self, keys: set) -> None:
+        self.keys = keys
+
+    def __enter__(self):
+        from labkit import tuning
+        from labkit.ops.linear import tuning_key
+
+        self.saved = tuning.linear_impl
+
+        def impl(m, n, k, *, row_blocks=1, device=None, **_):
+            return "torch" if tuning_key(m, n, k, row_blocks=row_blocks) in self.keys else "triton"
+        tuning.linear_impl = impl
+        return self
+
+    def __exit__(self, *exc):
+        from labkit import tuning
+
+        tuning.linear_impl = self.saved
 
 
 def stage_decode(res: Path) -> None:
-    from labkit import fused
+    """This branch's defaults: batch 1 with and without PDL, batch 16 with PDL, and batch 16 with the
+    projections dispatched to linear_unfused where the chain stage measured that faster per key."""
     from labkit.backends import release_pooled
     from labkit.bench.decode import time_decode
 
-    tuned = fused.tuned_linear_config
-
-    def plain_config(m, n, k, *, row_blocks=1, argmax=False, device=None):
-        if m == 1:
-            return lin.LinearConfig(1, 4, min(1024, next_pow2(k)), 1, num_warps=4, num_stages=1)
-        return tuned(m, n, k, row_blocks=row_blocks, argmax=argmax, device=device)
-
+    keys = set()
+    for sub in ("lfm2", "qwen"):
+        path = res / sub / "chain.json"
+        if path.exists():
+            keys |= dispatch_keys(json.loads(path.read_text()))
+    print(f"dispatch keys (n): {sorted(k.n for k in keys)}", flush=True)
     rows = []
     models = {name: build(name, dtype=torch.bfloat16, device="cuda", seed=0) for name in MODELS}
-    best = best_batch1(res)
-    print(f"best batch-1 chain variant (both presets' total): {best}", flush=True)
-    _, _, _, pl_best, plainb, _, _ = next(v for v in VARIANTS if v[0] == best and v[5] == 1)
-    runs = [(1, pl_best, "plain-blocking" if plainb else "tuned", False), (16, NOPRE, "tuned", True)]
-    if (pl_best, plainb) != (NOPRE, False):
-        runs.append((1, NOPRE, "tuned", False))  # main's defaults, with this branch's kernel
-    runs.append((16, NOPRE, "tuned", False))
-    lin.RESIDUAL_FIRST = FLAGS["RESIDUAL_FIRST"]
-    for batch, pl, blocking, norm_after in runs:
+    runs = [(1, "fused+graph+pdl", False), (16, "fused+graph+pdl", False), (16, "fused+graph+pdl", True),
+            (1, "fused+graph", False)]
+    for batch, impl, dispatch in runs:
+        if dispatch and not keys:
+            continue
         for name, model in models.items():
-            lin.PDL_PLACEMENT = ch.parse_placement(pl)
-            lin.NORM_AFTER_DOT = norm_after
-            fused.tuned_linear_config = plain_config if blocking == "plain-blocking" else tuned
             release_pooled(model)
-            r = time_decode(model, "fused+graph+pdl", batch, prompt=32, new_tokens=64, repeats=3)
-            rows.append(dataclasses.asdict(r) | {"placement": pl, "blocking": blocking, "norm_after_dot": norm_after})
-            print(f"decode {name:>14} B={batch:<3} fused+graph+pdl {pl:18} {blocking:15} norm_after={norm_after!s:5} "
+            with dispatching(keys if dispatch else set()):
+                r = time_decode(model, impl, batch, prompt=32, new_tokens=64, repeats=3)
+            rows.append(dataclasses.asdict(r) | {"dispatch": dispatch})
+            print(f"decode {name:>14} B={batch:<3} {impl:16} dispatch={dispatch!s:5} "
                   f"{r.tokens_per_s or 0:9.1f} tok/s {r.error or ''}", flush=True)
             dump(res, "decode", rows)
-    fused.tuned_linear_config = tuned
 
 
 def main() -> int:
