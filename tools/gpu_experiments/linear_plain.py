@@ -3,7 +3,7 @@ weights-first batch-1 loop, PDL preload+early, the batch-1 table measured in the
 main's kernel with main's placement and table, in the chained step (labkit.bench.chain) and in decode;
 at batch 16, per key, this kernel against the unfused path (labkit.ops.linear.linear_unfused: one-kernel
 norm, cuBLAS, one-kernel epilogue), and the step with the keys where the unfused path won dispatched to it.
-Run by linear-plain.sh.
+Run by linear-plain-run2.sh (its second run, 06:07 UTC).
 
   --warm i/N     compile (and check) shard i of every variant, N processes in parallel;
   --stage chain  time every variant over the whole chain (checked first), results to --res;
