@@ -445,19 +445,12 @@ class FusedDecoder:
     def _linear_unfused(self, plan: StepPlan, p: LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None,
                         residual: torch.Tensor | None, short_conv: tuple | None) -> None:
         """The measured dispatch (``impl == "torch"``, batch >= 16 only): the same function as the
-        fused kernel, run as the reference runs it (norm, cuBLAS matmul, epilogue; each a kernel)
-        and written into the step's buffers, because at this shape that measured faster."""
-        lin = self._lin
-        common = dict(norm_weight=p.norm_weight, norm_eps=plan.eps, norm_unit_offset=plan.unit_offset)
-        if short_conv is not None:
-            from .ops.short_conv import short_conv_decode_ref
-
-            state, conv_weight = short_conv
-            y, new_state = short_conv_decode_ref(lin.linear_ref(x, p.weight, **common), state, conv_weight)
-            state.copy_(new_state)
-        else:
-            y = lin.linear_ref(x, p.weight, residual=residual, swiglu=p.row_blocks == 2, **common)
-        (out if out is not None else residual).copy_(y)
+        fused kernel with cuBLAS doing the matmul and each fusion a one-kernel op
+        (:func:`labkit.ops.linear.linear_unfused`), written into the step's buffers, because at this
+        shape that measured faster."""
+        self._lin.linear_unfused(x, p.weight, out=out, residual=residual, norm_weight=p.norm_weight,
+                                 norm_eps=plan.eps, norm_unit_offset=plan.unit_offset, swiglu=p.row_blocks == 2,
+                                 short_conv=short_conv)
 
     def _forward(self, plan: StepPlan, greedy: bool) -> None:
         """Launch one decode step for ``plan.tokens``; ``cache.lengths`` is not advanced here."""

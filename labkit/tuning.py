@@ -36,9 +36,10 @@ if TYPE_CHECKING:  # ops.linear imports triton: only when a configuration is act
     from .ops.linear import LinearConfig, TuningKey
 
 FORMAT = "labkit-tuning/1"
-# An entry may say ``"impl": "torch"``: at that key the projection runs unfused (norm, cuBLAS matmul,
-# epilogue) because that measured faster inside the chained step than any blocking of the Triton
-# kernel (``python -m labkit tune --chain``); absent means "triton". Never for the LM head's keys.
+# An entry may say ``"impl": "torch"``: at that key the projection runs unfused
+# (:func:`labkit.ops.linear.linear_unfused`: one-kernel norm, cuBLAS matmul, one-kernel epilogue)
+# because that measured faster inside the chained step than any blocking of the Triton kernel
+# (``python -m labkit tune --chain``); absent means "triton". Never for the LM head's keys.
 IMPLS = ("triton", "torch")
 TUNING_DIR = Path(__file__).resolve().parent.parent / "data" / "tuning"
 TUNE_COMMAND = "python -m labkit tune"

@@ -17,9 +17,13 @@ from labkit.ops.linear import LinearConfig, LinearWorkspace, linear, linear_conf
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 # (rows, config): the GEMV loop with K masks (block_k 32 does not divide 72 or 80) and an uneven
-# split-K; the tl.dot loop with one and two splits, and with two row tiles (M = 17).
+# split-K, with the whole row in one K tile (block_k 128 > K: the norm's statistics come from the
+# peeled first tile), and over three rows of one program each; the tl.dot loop with one and two
+# splits, and with two row tiles (M = 17).
 CASES = [
     (1, LinearConfig(1, 64, 32)),
+    (1, LinearConfig(1, 16, 128)),
+    (3, LinearConfig(1, 32, 32)),
     (1, LinearConfig(1, 16, 16, split_k=3)),
     (3, LinearConfig(16, 64, 32)),
     (3, LinearConfig(16, 32, 16, split_k=2)),
@@ -177,7 +181,8 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
 def test_tuned_table_is_used_and_consistent(monkeypatch):
     """Entries measured on a GPU (the H200's file) replace the heuristic for their shapes; each is a
     valid blocking of its own key (a K tail is allowed: the kernel masks it, and the GPU tests cover
-    it). Shapes without an entry, and the greedy head's key, get the heuristic."""
+    it). Shapes without an entry get the heuristic; an LM head's greedy key has the same entry as its
+    logits key, or none."""
     from labkit.tuning import TUNING_DIR, linear_table
 
     monkeypatch.setattr(linear_mod, "interpreting", lambda: False)
@@ -185,9 +190,13 @@ def test_tuned_table_is_used_and_consistent(monkeypatch):
     assert table, "the file holds the H200 sweep's winners"
     for key, cfg in table.items():
         assert linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, argmax=key.argmax, table=table) is cfg
-        assert linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, argmax=not key.argmax,
-                             table=table) == linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks,
-                                                           argmax=not key.argmax)
+        other = key._replace(argmax=not key.argmax)
+        if other in table:  # an LM head's logits and greedy keys: one blocking, so both sum in the same order
+            assert table[other] == cfg
+        else:
+            assert linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, argmax=not key.argmax,
+                                 table=table) == linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks,
+                                                               argmax=not key.argmax)
         assert cfg.block_m == key.m_bucket and linear_mod.m_bucket(key.m_bucket) == key.m_bucket
         assert cfg.block_k <= triton_next_pow2(key.k) and math.ceil(key.k / cfg.block_k) % cfg.split_k == 0, cfg
     some = next(iter(table))
@@ -197,3 +206,65 @@ def test_tuned_table_is_used_and_consistent(monkeypatch):
 
 def triton_next_pow2(v: int) -> int:
     return 1 << (v - 1).bit_length()
+
+
+@pytest.mark.parametrize("m,config", [(3, LinearConfig(16, 32, 16)), (3, LinearConfig(16, 32, 16, split_k=2)),
+                                      (17, LinearConfig(16, 64, 32, split_k=3))])
+def test_norm_applied_after_the_dot(monkeypatch, m, config, device):
+    """NORM_AFTER_DOT: the tl.dot loop scales its float32 sums by rstd after the loop (split K: from
+    the squares each split leaves in the workspace) instead of normalising the input first. Same
+    maths, so float32 agrees to rounding; bfloat16 rounds x * w instead of x * rstd * w, so the
+    projection may differ by a unit in the last place and the conv state (a product of two rounded
+    projections) is held to the output's bound here, not a tenth of it."""
+    from labkit.ops.short_conv import short_conv_decode_ref
+
+    monkeypatch.setattr(linear_mod, "NORM_AFTER_DOT", True)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, norm, _ = _data(m, 3 * 40, 72, dtype, device, seed=7)
+        x = x * 30.0  # rstd far from 1: a missing or doubled scale cannot pass
+        state = torch.randn(m, 2, 40, generator=torch.Generator().manual_seed(8)).to(dtype=dtype, device=device)
+        conv_w = torch.randn(40, 3, generator=torch.Generator().manual_seed(9)).to(dtype=dtype, device=device)
+        for unit in (False, True):
+            out = _nan(m, 3 * 40, dtype=dtype, device=device)
+            linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, norm_unit_offset=unit, config=config)
+            assert rel_err(out, linear_ref(x, w, norm_weight=norm, norm_eps=1e-5, norm_unit_offset=unit)) < BOUND[dtype]
+        y_ref, state_ref = short_conv_decode_ref(linear_ref(x, w, norm_weight=norm, norm_eps=1e-5), state, conv_w)
+        out = _nan(m, 40, dtype=dtype, device=device)
+        linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, short_conv=(state, conv_w), config=config)
+        assert rel_err(out, y_ref) < BOUND[dtype]
+        assert rel_err(state, state_ref) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_unfused_matches_the_reference(dtype, device):
+    """linear_unfused (one-kernel norm, cuBLAS, one-kernel epilogue): every epilogue against
+    linear_ref on odd shapes (3 rows, 37 or 40 outputs, K = 72), outputs poisoned, the residual
+    in place, the conv state shifted as the fused kernel shifts it."""
+    from labkit.ops.linear import linear_unfused
+    from labkit.ops.short_conv import short_conv_decode_ref
+
+    x, w, norm, _ = _data(3, 3 * 40, 72, dtype, device, seed=10)
+    res = torch.randn(3, 3 * 40, generator=torch.Generator().manual_seed(11)).to(dtype=dtype, device=device)
+    for unit in (False, True):
+        kw = dict(norm_weight=norm, norm_eps=1e-5, norm_unit_offset=unit)
+        out = _nan(3, 3 * 40, dtype=dtype, device=device)
+        linear_unfused(x, w, out=out, **kw)
+        assert rel_err(out, linear_ref(x, w, **kw)) < BOUND[dtype]
+        in_place = res.clone()
+        assert linear_unfused(x, w, residual=in_place, **kw).data_ptr() == in_place.data_ptr()
+        assert rel_err(in_place, linear_ref(x, w, residual=res, **kw)) < BOUND[dtype]
+        out = _nan(3, 3 * 40, dtype=dtype, device=device)
+        linear_unfused(x, w, out=out, residual=res, **kw)
+        assert rel_err(out, linear_ref(x, w, residual=res, **kw)) < BOUND[dtype]
+        out = _nan(3, 60, dtype=dtype, device=device)
+        linear_unfused(x, w, out=out, swiglu=True, **kw)
+        assert rel_err(out, linear_ref(x, w, swiglu=True, **kw)) < BOUND[dtype]
+    state = torch.randn(3, 2, 40, generator=torch.Generator().manual_seed(12)).to(dtype=dtype, device=device)
+    conv_w = torch.randn(40, 3, generator=torch.Generator().manual_seed(13)).to(dtype=dtype, device=device)
+    y_ref, state_ref = short_conv_decode_ref(linear_ref(x, w, norm_weight=norm), state, conv_w)
+    out = _nan(3, 40, dtype=dtype, device=device)
+    linear_unfused(x, w, out=out, norm_weight=norm, short_conv=(state, conv_w))
+    assert rel_err(out, y_ref) < BOUND[dtype]
+    assert rel_err(state, state_ref) < BOUND[dtype] / 10
+    with pytest.raises(ValueError, match="cannot be combined"):
+        linear_unfused(x, w, swiglu=True, short_conv=(state, conv_w))

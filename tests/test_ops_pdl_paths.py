@@ -52,6 +52,7 @@ def test_linear(stub_gdc, m, config):
 @pytest.mark.parametrize("placement", [linear_mod.PdlPlacement(p, r) for p in (True, False)
                                        for r in ("early", "after_wait", "end")])
 @pytest.mark.parametrize("m,config", [(1, linear_mod.LinearConfig(1, 8, 32)), (1, linear_mod.LinearConfig(1, 16, 32, 3)),
+                                      (1, linear_mod.LinearConfig(1, 16, 128)),
                                       (3, linear_mod.LinearConfig(16, 32, 32, 2))])
 def test_linear_every_pdl_placement(stub_gdc, placement, m, config):
     """Preloading the first tile (peeled out of the K loop, K = 100: a ragged last tile) and where

@@ -47,7 +47,7 @@ ENTRY = {"key": {"m_bucket": 1, "n": 96, "k": 160, "row_blocks": 1, "argmax": Fa
 def test_a_gpu_with_a_file_gets_its_entries(gpu_named):
     gpu_named("NVIDIA H200")
     table = tuning.device_table(torch.device("cuda", 0))
-    assert table == tuning.linear_table(H200_FILE) and len(table) == 10
+    assert table == tuning.linear_table(H200_FILE) and len(table) == len(json.loads(H200_FILE.read_text())["linear"]) >= 10
     key, config = next(iter(table.items()))
     got = tuning.linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, device="cuda:0")
     assert got == config

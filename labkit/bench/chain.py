@@ -16,8 +16,10 @@ that runs each matrix is pluggable (:data:`GEMVS`, :func:`register_gemv`): any c
 - ``"cublas"``: ``torch.mm`` over the stacked weight, no fusions;
 - ``"step"``: as the fused step runs each projection: ``"linear"``, or ``"torch"`` at the keys
   the tuning file dispatches to it (batch >= 16);
-- ``"torch"``: the fused function unfused (:func:`labkit.ops.linear.linear_ref`: norm, cuBLAS
-  matmul, epilogue, each a kernel), the alternative a dispatch to cuBLAS would run.
+- ``"torch"``: the fused function unfused (:func:`labkit.ops.linear.linear_unfused`: a one-kernel
+  norm, cuBLAS's matmul, a one-kernel epilogue), what the step runs where the tuning file
+  dispatches to cuBLAS. (Until 2026-12-01 this was :func:`labkit.ops.linear.linear_ref`, the
+  float32 reference: ~10 kernels per norm, 641 kernels for LFM2-350M's chain at 1.7 ms.)
 
 Outputs: the chain's total time and bytes / time; per group of kernels that share a tuning key
 (:func:`labkit.ops.linear.tuning_key`), the time per kernel measured as a sub-chain of just that
@@ -164,10 +166,11 @@ def _cublas(x, weight, *, out=None, **_):
 
 
 def _torch(x, weight, *, out=None, residual=None, short_conv=None, pdl=False, **common):
-    """The same function unfused: separate norm, cuBLAS matmul, separate epilogue (each its own kernel)."""
-    from ..ops.linear import linear_ref
+    """The same function unfused (:func:`labkit.ops.linear.linear_unfused`): a one-kernel norm,
+    cuBLAS's matmul (addmm with the residual), a one-kernel SwiGLU or short conv."""
+    from ..ops.linear import linear_unfused
 
-    return out.copy_(linear_ref(x, weight, residual=residual, short_conv=short_conv, **common))
+    return linear_unfused(x, weight, out=out, residual=residual, short_conv=short_conv, **common)
 
 
 def _step(x, weight, *, swiglu=False, short_conv=None, **kwargs):

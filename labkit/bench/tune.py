@@ -186,24 +186,27 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
               "back to back in one CUDA graph with weight copies past L2, launched as the step launches them "
               "(pdl/placement as recorded); 'us' is per kernel. The LM head's greedy key (argmax) gets the logits "
               "key's configuration, so that both paths sum in the same order. At batch >= 16, 'us.torch' is the same "
-              "sub-chain run unfused (norm, cuBLAS matmul, epilogue); 'impl': 'torch' where that beat the best "
+              "sub-chain run unfused (linear_unfused: one-kernel norm, cuBLAS matmul, one-kernel epilogue); 'impl': 'torch' where that beat the best "
               "blocking by more than 3%, and the fused backend then runs it so (labkit.fused).")
 
 
 def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: int | None = None) -> tuple[list, object, object]:
     """(candidates, current, heuristic) for one key of the chain: the configuration the table gives
-    now first, then the heuristic's, then :func:`candidates` (:func:`head_candidates` for the LM head)
-    in a fixed shuffled order."""
+    now first, then the heuristic's, at batch 1 (not for the LM head) then the plain GEMV's blocking (4 rows x min(1024, K),
+    4 warps: :mod:`labkit.ops.plain_gemv`, the chain's yardstick), then :func:`candidates`
+    (:func:`head_candidates` for the LM head) in a fixed shuffled order."""
     from ..ops.launch import num_sms
-    from ..ops.linear import linear_config
+    from ..ops.linear import LinearConfig, linear_config, next_pow2
 
     case = group[0].case
     n, k, rb = case.outputs, case.weight.shape[1], case.row_blocks
     current = tuning.linear_config(batch, n, k, row_blocks=rb, device=model.device)
     heuristic = linear_config(batch, n, k, row_blocks=rb)
+    # not for the LM head: its greedy path reduces one winner per tile, which 4-row tiles would make 4x as many
+    plain = [LinearConfig(1, 4, min(1024, next_pow2(k)), 1, 4, 1)] if batch == 1 and group[0].layer >= 0 else []
     more = candidates(batch, n, k, rb, num_sms()) if group[0].layer >= 0 else head_candidates(batch, n, k)
     random.Random(0).shuffle(more)  # a cut list (max_candidates, a deadline) still spans every block shape
-    tried = list(dict.fromkeys([current, heuristic, *more]))
+    tried = list(dict.fromkeys([current, heuristic, *plain, *more]))
     return (tried[:max_candidates] if max_candidates else tried), current, heuristic
 
 

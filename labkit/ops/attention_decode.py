@@ -108,7 +108,7 @@ def _attention_store(o, row, out_ptr, b, heads, gmask, d, dmask,
 
 # Under PDL, release the next kernel first thing (True) or at the end (False). Safe either way: the
 # next kernel waits for this whole grid before reading its outputs. Early is the default with the
-# projections' no-preload+early placement (labkit.ops.linear.PDL_PLACEMENT), measured fastest.
+# projections' early release (labkit.ops.linear.PDL_PLACEMENT), measured fastest.
 PDL_RELEASE_EARLY = True
 
 @triton.jit

@@ -26,14 +26,19 @@ to arrive (an atomic counter) sums the partials in a fixed order and runs the ep
 result is deterministic and still one launch. The GEMV loop is not software-pipelined, so its memory
 parallelism comes from programs: ~8 KB of weights per program and iteration, ~4 programs per SM,
 split K where the rows alone do not give that (LFM2's down projection: 128 row tiles x 9 splits).
+It requests weights first, as the plain GEMV (:mod:`labkit.ops.plain_gemv`) does: the first K tile
+of every row block is loaded before the input row, before the norm's reduction and (with preload)
+before the PDL wait, so that the HBM latency of the stream overlaps them instead of following them;
+that first tile is peeled off the loop, and when it spans the whole row the norm's statistics are
+taken from the same registers. (Loading the input and reducing it first, as this kernel did until
+2026-12-01, put one L2 round trip and a block-wide reduction ahead of every projection's stream.)
 With programmatic dependent launch (``pdl=True``, Hopper+) the kernel may start while the
 previous one still runs: its weights depend on nothing that kernel writes, so the first K tile of
-each program (all of it when ``k_per_split <= BLOCK_K``) can be loaded before ``gdc_wait``, and the
-next kernel can be released (``gdc_launch_dependents``) at once, after the wait, or after the K loop
-(:class:`PdlPlacement`). Any release point is safe: the next kernel's own wait orders it after this
-whole grid. The default, :data:`PDL_PLACEMENT`, is the placement this kernel has had since PDL came in
-(preload, release after the K loop); the others are there to be measured in the chained step
-(``python -m labkit bench chain --placements ...``) before one of them becomes the default.
+each program can be loaded before ``gdc_wait``, and the next kernel can be released
+(``gdc_launch_dependents``) at once, after the wait, or after the K loop (:class:`PdlPlacement`).
+Any release point is safe: the next kernel's own wait orders it after this whole grid. The default
+is :data:`PDL_PLACEMENT`, the fastest placement measured in the chained step
+(``python -m labkit bench chain --placements ...``).
 Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
 measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
 would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
@@ -75,10 +80,10 @@ from .norm import rms_norm_ref
 # -- kernel -------------------------------------------------------------------------------------------
 @device_function
 def _linear_epilogue(
-    acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+    acc, acc1, acc2, res_tile, offs_m, offs_n, m_mask, n_mask, N, pid_n,
     out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
     OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KW: tl.constexpr,
-    RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
+    RESIDUAL: tl.constexpr, RES_LOADED: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     mask = m_mask[:, None] & n_mask[None, :]
@@ -113,7 +118,10 @@ def _linear_epilogue(
         tl.store(state + (KW - 2) * N, bx, mask=mask)
         y = gate_c * y
     elif RESIDUAL:
-        y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + acc
+        if RES_LOADED:  # loaded right after the wait, off this tail's critical path
+            y = res_tile.to(tl.float32) + acc
+        else:
+            y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + acc
         tl.debug_barrier()  # out may be the residual itself: all reads before any write
     else:
         y = acc
@@ -142,15 +150,17 @@ def _linear_kernel(
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, RELEASE: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr, NORM_AFTER: tl.constexpr,
+    RESIDUAL_EARLY: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
         acc_r[m, n] = sum_k xn[m, k] * W[r * N + n, k]        r < ROW_BLOCKS (1; 2 for SwiGLU; 3 for the short conv)
         xn = x, or with NORM: xn[m, k] = x[m, k] / sqrt(mean_k' x[m, k']^2 + eps) * w[k] (or 1 + w[k]),
 
-    xn rounded to the weight dtype (what a separate norm would have stored). The epilogue adds the
-    residual, or takes silu(acc_0) * acc_1, or runs the gated short conv on (B, C, x) =
+    xn rounded to the weight dtype (what a separate norm would have stored; with NORM_AFTER the tl.dot
+    loop rounds x * w instead and scales acc_r by rstd after the loop: :data:`NORM_AFTER_DOT`).
+    The epilogue adds the residual (loaded right after the wait with RESIDUAL_EARLY), or takes silu(acc_0) * acc_1, or runs the gated short conv on (B, C, x) =
     (acc_0, acc_1, acc_2) with its state, or stores per-tile argmaxes.
     Grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)); W is [ROW_BLOCKS * N, K], row-major.
     """
@@ -171,105 +181,168 @@ def _linear_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
 
     # Programmatic dependent launch (USE_PDL): this kernel may start while the previous one still
-    # runs. Weights depend on nothing launched before, so with PRELOAD the first K tile of every row
-    # block is put in flight before the wait (for k_per_split <= BLOCK_K, all of this program's
-    # weights). RELEASE says when the next kernel may be scheduled: 1 at once (its own wait still
-    # orders it after this whole grid, so releasing early is always safe; it lets the next kernel's
-    # programs take SMs as this one's tail frees them), 2 after the wait, 0 after the K loop.
-    if PRELOAD and BLOCK_M == 1:
-        first = (k_lo + offs_k)[None, :]
-        first_mask = n_mask[:, None] & (first < k_hi)
-        w0_first = tl.load(w0 + first, mask=first_mask, other=0.0)
-        if ROW_BLOCKS >= 2:
-            w1_first = tl.load(w1 + first, mask=first_mask, other=0.0)
-        if ROW_BLOCKS >= 3:
-            w2_first = tl.load(w2 + first, mask=first_mask, other=0.0)
-    if USE_PDL:
-        if RELEASE == 1:
-            gdc_launch_dependents()
-        gdc_wait()  # the input rows come from the previous kernel
-        if RELEASE == 2:
-            gdc_launch_dependents()
-
-    if NORM:
-        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            xv = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & (kk[None, :] < K), other=0.0)
-            xv = xv.to(tl.float32)
-            sum_sq += tl.sum(xv * xv, axis=1)
-        rstd = tl.rsqrt(sum_sq / K + eps)
-
-    # GEMV: elementwise products accumulated per lane, reduced across K once after the loop
+    # runs. RELEASE says when the next kernel may be scheduled: 1 at once (its own wait still orders
+    # it after this whole grid, so releasing early is always safe; it lets the next kernel's programs
+    # take SMs as this one's tail frees them), 2 after the wait, 0 after the K loop.
     if BLOCK_M == 1:
-        lanes0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        lanes1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        lanes2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = (k0 + offs_k)[None, :]
+        # GEMV, weights first: the first K tile of every row block is requested before anything
+        # else (before the PDL wait with PRELOAD: weights depend on nothing launched before), so
+        # its HBM latency overlaps the input's load and the norm's reduction instead of following
+        # them. The first tile is peeled off the loop; with WHOLE_ROW it is all of K and the norm's
+        # statistics come from the same registers.
+        kk = (k_lo + offs_k)[None, :]
         if EVEN_K:
-            x_mask = m_mask[:, None]
             w_mask = n_mask[:, None]
         else:
-            x_mask = m_mask[:, None] & (kk < k_hi)
             w_mask = n_mask[:, None] & (kk < k_hi)
-        xv = tl.load(x_rows + kk, mask=x_mask, other=0.0)
-        if NORM:
-            nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            if UNIT_OFFSET:
-                nw = nw + 1.0
-            xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
-        if PRELOAD and BLOCK_M == 1:
-            if k0 == k_lo:
-                wt0 = w0_first
-            else:
-                wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
-            if ROW_BLOCKS >= 2:
-                if k0 == k_lo:
-                    wt1 = w1_first
-                else:
-                    wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
-            if ROW_BLOCKS >= 3:
-                if k0 == k_lo:
-                    wt2 = w2_first
-                else:
-                    wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
-        else:
+        if PRELOAD:
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 2:
                 wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 3:
                 wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
-        if BLOCK_M == 1:
-            xf = xv.to(tl.float32)  # [1, BLOCK_K], broadcast over the weight rows
+        if USE_PDL:
+            if RELEASE == 1:
+                gdc_launch_dependents()
+            gdc_wait()  # the input row comes from the previous kernel
+            if RELEASE == 2:
+                gdc_launch_dependents()
+        if not PRELOAD:
+            wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 2:
+                wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 3:
+                wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+        if RESIDUAL_EARLY:
+            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
+                               other=0.0)
+        else:
+            res_tile = 0.0
+        xf = tl.load(x_rows + kk, mask=m_mask[:, None] & (kk < k_hi), other=0.0).to(tl.float32)  # [1, BLOCK_K]
+        if NORM:
+            if WHOLE_ROW:
+                sum_sq = tl.sum(xf * xf, axis=1)
+            else:
+                # squares summed per lane, reduced across the block once (x is small and in L2)
+                sq = tl.zeros([1, BLOCK_K], dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    kx = (k0 + offs_k)[None, :]
+                    xs = tl.load(x_rows + kx, mask=m_mask[:, None] & (kx < K), other=0.0).to(tl.float32)
+                    sq += xs * xs
+                sum_sq = tl.sum(sq, axis=1)
+            rstd = tl.rsqrt(sum_sq / K + eps)
+            nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            if UNIT_OFFSET:
+                nw = nw + 1.0
+            xf = cast(xf * rstd[:, None] * nw, w_dtype, EMULATE_RTNE).to(tl.float32)
+        lanes0 = wt0.to(tl.float32) * xf
+        if ROW_BLOCKS >= 2:
+            lanes1 = wt1.to(tl.float32) * xf
+        else:
+            lanes1 = lanes0
+        if ROW_BLOCKS >= 3:
+            lanes2 = wt2.to(tl.float32) * xf
+        else:
+            lanes2 = lanes0
+        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+            kk = (k0 + offs_k)[None, :]
+            if EVEN_K:
+                w_mask = n_mask[:, None]
+            else:
+                w_mask = n_mask[:, None] & (kk < k_hi)
+            wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 2:
+                wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 3:
+                wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
+            xf = tl.load(x_rows + kk, mask=m_mask[:, None] & (kk < k_hi), other=0.0).to(tl.float32)
+            if NORM:
+                nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                if UNIT_OFFSET:
+                    nw = nw + 1.0
+                xf = cast(xf * rstd[:, None] * nw, w_dtype, EMULATE_RTNE).to(tl.float32)
             lanes0 += wt0.to(tl.float32) * xf
             if ROW_BLOCKS >= 2:
                 lanes1 += wt1.to(tl.float32) * xf
             if ROW_BLOCKS >= 3:
                 lanes2 += wt2.to(tl.float32) * xf
+        acc = tl.sum(lanes0, axis=1)[None, :]
+        acc1 = tl.sum(lanes1, axis=1)[None, :]
+        acc2 = tl.sum(lanes2, axis=1)[None, :]
+    else:
+        # tl.dot tiles: the loop is software-pipelined, the wait stays outside it
+        if USE_PDL:
+            if RELEASE == 1:
+                gdc_launch_dependents()
+            gdc_wait()
+            if RELEASE == 2:
+                gdc_launch_dependents()
+        if RESIDUAL_EARLY:
+            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
+                               other=0.0)
         else:
+            res_tile = 0.0
+        if NORM and not NORM_AFTER:
+            # a pass over the rows first (as on main: a [BLOCK_M, BLOCK_K] accumulator held across it
+            # measured slower at batch 16)
+            sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kx = k0 + offs_k
+                xv = tl.load(x_rows + kx[None, :], mask=m_mask[:, None] & (kx[None, :] < K), other=0.0)
+                xv = xv.to(tl.float32)
+                sum_sq += tl.sum(xv * xv, axis=1)
+            rstd = tl.rsqrt(sum_sq / K + eps)
+        if NORM_AFTER:
+            # squares of the x tiles this loop loads anyway, per lane; reduced once after the loop
+            sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = (k0 + offs_k)[None, :]
+            if EVEN_K:
+                x_mask = m_mask[:, None]
+                w_mask = n_mask[:, None]
+            else:
+                x_mask = m_mask[:, None] & (kk < k_hi)
+                w_mask = n_mask[:, None] & (kk < k_hi)
+            xv = tl.load(x_rows + kk, mask=x_mask, other=0.0)
+            if NORM:
+                nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                if UNIT_OFFSET:
+                    nw = nw + 1.0
+                if NORM_AFTER:
+                    xf = xv.to(tl.float32)
+                    sq += xf * xf
+                    xv = cast(xf * nw, w_dtype, EMULATE_RTNE)
+                else:
+                    xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
+            wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 2:
+                wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
+            if ROW_BLOCKS >= 3:
+                wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
             acc = dot(xv, tl.trans(wt0), acc, DOT_F32)
             if ROW_BLOCKS >= 2:
                 acc1 = dot(xv, tl.trans(wt1), acc1, DOT_F32)
             if ROW_BLOCKS >= 3:
                 acc2 = dot(xv, tl.trans(wt2), acc2, DOT_F32)
-    if BLOCK_M == 1:
-        acc = tl.sum(lanes0, axis=1)[None, :]
-        acc1 = tl.sum(lanes1, axis=1)[None, :]
-        acc2 = tl.sum(lanes2, axis=1)[None, :]
 
     if USE_PDL and RELEASE == 0:
         gdc_launch_dependents()
 
+    if NORM_AFTER:
+        sum_sq = tl.sum(sq, axis=1)  # this split's share of each row's sum of squares
     if SPLIT_K == 1:
+        if NORM_AFTER:
+            rstd = tl.rsqrt(sum_sq / K + eps)[:, None]
+            acc *= rstd
+            acc1 *= rstd
+            acc2 *= rstd
         _linear_epilogue(
-            acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+            acc, acc1, acc2, res_tile, offs_m, offs_n, m_mask, n_mask, N, pid_n,
             out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
-            OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
+            OUT_DTYPE, BLOCK_N, KW, RESIDUAL, RESIDUAL_EARLY, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
         )
     else:
         # partials[s, m, r * N + n] in float32; the last program of the tile sums them in split order
@@ -282,6 +355,10 @@ def _linear_kernel(
             tl.store(mine + N, acc1, mask=tile_mask)
         if ROW_BLOCKS >= 3:
             tl.store(mine + 2 * N, acc2, mask=tile_mask)
+        if NORM_AFTER:
+            # squares[s, m] after the partials; every column tile writes the same values for its rows
+            squares = part_ptr + SPLIT_K * M * rows_w + offs_m
+            tl.store(squares + pid_k * M, sum_sq, mask=m_mask)
         tile = pid_m * tl.num_programs(0) + pid_n
         if arrive(count_ptr + tile, SPLIT_K):
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -294,10 +371,18 @@ def _linear_kernel(
                     total1 += tl.load(theirs + N, mask=tile_mask, other=0.0, cache_modifier=".cg")
                 if ROW_BLOCKS >= 3:
                     total2 += tl.load(theirs + 2 * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            if NORM_AFTER:
+                total_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total_sq += tl.load(squares + s * M, mask=m_mask, other=0.0, cache_modifier=".cg")
+                rstd = tl.rsqrt(total_sq / K + eps)[:, None]
+                total *= rstd
+                total1 *= rstd
+                total2 *= rstd
             _linear_epilogue(
-                total, total1, total2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+                total, total1, total2, total, offs_m, offs_n, m_mask, n_mask, N, pid_n,
                 out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
-                OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
+                OUT_DTYPE, BLOCK_N, KW, RESIDUAL, False, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
             )
 
 
@@ -320,13 +405,30 @@ class PdlPlacement:
             raise ValueError(f"PdlPlacement.release must be one of {sorted(RELEASES)}, got {self.release!r}")
 
 
-# The placement PDL launches use unless told otherwise: the fastest of the six in the chained step
-# (labkit.bench.chain, H200, 2026-12-01: LFM2-350M's 65 projections at batch 1, 0.357 ms against
-# 0.434 ms for the old preload+end, which was slower than no PDL at 0.400). Our reading, not yet
-# measured per program: a weight tile loaded before the wait holds the waiting program's registers
-# and SM slot, so programs that could stream are not scheduled; a late release serialises the
-# launches that PDL was meant to overlap.
-PDL_PLACEMENT = PdlPlacement(preload=False, release="early")
+# The placement PDL launches use unless told otherwise, measured in the chained step (labkit.bench.chain,
+# H200, 2026-12-01). With the weights-first loop, preloading the first tile before the wait and
+# releasing the dependents first thing is the fastest: LFM2-350M's 65 projections 0.327 ms against
+# 0.357 without the preload (Qwen3.5-0.8B 0.631 against 0.660). With the old loop (input and norm
+# first) the preload had been slower (0.392 against 0.357 ms): it held the first tile through the
+# norm's pass and chose it by a branch in the K loop.
+PDL_PLACEMENT = PdlPlacement(preload=True, release="early")
+
+# How the tl.dot loop (batch >= 2) applies the norm prologue. False (measured: True made LFM2-350M's
+# batch-16 chain 0.950 ms against 0.669, decode 15,900 against 23,000 tok/s on the H200,
+# 2026-12-01; its in-loop x * w and squares cost more than the pass they replace): a pass over the input rows for
+# their statistics first, then xn = x * rstd * w rounded to the weight dtype in the loop, exactly what
+# a separate norm would have stored. True: no pass before the loop; the loop rounds x * w, sums the
+# squares of the x tiles it loads anyway, and the float32 dot products are scaled by rstd after it
+# (split K: each split's squares go to the workspace, the last program sums them). The same maths,
+# rounded at a different point (about one bfloat16 unit in the last place of some outputs); not for
+# float16, where x * w unscaled could overflow. To be chosen by the chained step's measurement.
+NORM_AFTER_DOT = False
+
+# Whether a residual epilogue without split K loads its residual tile right after the wait (True),
+# so that the tail of the kernel is the store alone, or after the K loop (False), as it always did.
+# Measured in the chained step at batch 1 (H200, 2026-12-01, PDL preload+early): the late load is
+# as fast or faster (LFM2-350M 0.324 vs 0.327 ms, Qwen3.5-0.8B 0.611 vs 0.631 ms), so it stays.
+RESIDUAL_FIRST = False
 
 
 @dataclass(frozen=True)
@@ -462,7 +564,8 @@ class LinearWorkspace:
         """(partials, counters) elements a launch of m rows, n outputs per row block needs."""
         if config.split_k == 1:
             return 0, 0
-        return config.split_k * m * row_blocks * n, cdiv(n, config.block_n) * cdiv(m, config.block_m)
+        # partial sums, then each split's sums of squares per row (the tl.dot loop's norm, see the kernel)
+        return config.split_k * m * (row_blocks * n + 1), cdiv(n, config.block_n) * cdiv(m, config.block_m)
 
     @classmethod
     def allocate(cls, partials: int, counters: int, device: torch.device | str) -> "LinearWorkspace":
@@ -620,10 +723,59 @@ def launch_linear(
         RESIDUAL=residual is not None, SWIGLU=bool(swiglu), SHORT_CONV=short_conv is not None,
         STORE_OUT=out is not None and store_out,
         ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
-        RELEASE=RELEASES[placement.release], **interpreter_flags(dtype),
+        RELEASE=RELEASES[placement.release], WHOLE_ROW=cfg.split_k == 1 and k <= cfg.block_k,
+        NORM_AFTER=NORM_AFTER_DOT and norm_weight is not None and cfg.block_m >= 16 and dtype != torch.float16,
+        RESIDUAL_EARLY=RESIDUAL_FIRST and residual is not None and cfg.split_k == 1,
+        **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )
     return out
+
+
+# -- the unfused alternative --------------------------------------------------------------------------
+def linear_unfused(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_unit_offset: bool = False,
+    swiglu: bool = False,
+    short_conv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """:func:`linear`'s function with cuBLAS doing the matmul and each fusion its own one-kernel op:
+    RMSNorm (:func:`labkit.ops.prefill_fusions.rms_norm_rows`), then ``addmm`` with the residual
+    as its C (one cuBLAS call; the sum is rounded once, where the reference rounds the projection
+    first), or ``mm`` followed by SwiGLU (:func:`~labkit.ops.prefill_fusions.swiglu_rows`) or the
+    gated short conv (:func:`labkit.ops.short_conv.short_conv_decode`, which shifts ``conv_state``
+    in place as :func:`linear` does). Up to three kernels where :func:`linear` launches one: the
+    alternative a batch >= 16 projection is dispatched to where cuBLAS's matmul wins by more than
+    the extra launches cost. Same arguments and in-place semantics as :func:`linear`."""
+    from .prefill_fusions import rms_norm_rows, swiglu_rows
+    from .short_conv import short_conv_decode
+
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
+    check_tensor("x", x, dtype=weight.dtype, shape=(None, weight.shape[1]))
+    if swiglu and short_conv is not None:
+        raise ValueError("swiglu and short_conv epilogues cannot be combined")
+    if residual is not None and (swiglu or short_conv is not None):
+        raise ValueError("a residual epilogue cannot be combined with swiglu or short_conv")
+    xn = x if norm_weight is None else rms_norm_rows(x, norm_weight, check_eps("norm_eps", norm_eps), norm_unit_offset)
+    if residual is not None:
+        check_tensor("residual", residual, dtype=weight.dtype, shape=(x.shape[0], weight.shape[0]))
+        if out is None or out.data_ptr() == residual.data_ptr():
+            return residual.addmm_(xn, weight.t())
+        return torch.addmm(residual, xn, weight.t(), out=out)
+    if swiglu:
+        y = swiglu_rows(torch.mm(xn, weight.t()))
+        return y if out is None else out.copy_(y)
+    if short_conv is not None:
+        return short_conv_decode(torch.mm(xn, weight.t()), short_conv[0], short_conv[1], out=out)
+    return torch.mm(xn, weight.t(), out=out)
 
 
 # -- reference ----------------------------------------------------------------------------------------
