@@ -2,7 +2,8 @@
 # Round B of branch linear-plain, third run: the final run's own commands on this branch's defaults (the batch-1
 # table and PDL preload+early; at batch 16 the tuning file's 'impl': 'torch' dispatch to linear_unfused, read from
 # data/tuning/nvidia-h200.json as the product reads it): how long they take, and the figures they give. The first
-# two runs (05:38, 06:07) were tools/gpu_experiments/linear-plain-run2.sh (driver linear_plain.py). Results under $RES
+# two runs (05:38, 06:07) used a driver with a copy of the old kernel as a same-run baseline, removed once measured
+# (its figures are in the tuning notes and the merge message). Results under $RES
 # (log.txt; data/nvidia-h200/chain.json and bench-decode.json, as the final run would write them to data/bench/).
 set +e
 RES=${RES:-/tmp/linear-plain-res}
