@@ -40,7 +40,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from .causal_conv import causal_conv_ref
 from .delta_rule import delta_rule_ref
@@ -152,6 +151,10 @@ def attend_continuing(
             f"(start={start}, T={T}, {keys.shape[2]} keys, positions {tuple(positions.shape)}); "
             "use attend_causal for a fresh prompt and attend_ref when rows differ"
         )
+    # imported here: torch.nn.attention.bias imports torch._dynamo, which imports triton, and a notebook
+    # must be able to import labkit before it chooses Triton's interpreter (TRITON_INTERPRET)
+    from torch.nn.attention.bias import causal_lower_right
+
     return F.scaled_dot_product_attention(
         q, keys[:, :, :used], values[:, :, :used], attn_mask=causal_lower_right(T, used),
         scale=q.shape[-1] ** -0.5, enable_gqa=True,
