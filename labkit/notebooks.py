@@ -142,6 +142,16 @@ def auto(value, on_gpu: bool, gpu, cpu):
     return (gpu if on_gpu else cpu) if value == "auto" else value
 
 
+def value_range(values, fmt: str = "{:.1f}", unit: str = "") -> str:
+    """Prose for a measured spread: "a to b" (each formatted with ``fmt``, then ``unit``), or one value
+    where the extremes print the same (a single row, or rows that agree to the printed precision)."""
+    values = list(values)
+    if not values:
+        raise ValueError("value_range needs at least one value")
+    lo, hi = fmt.format(min(values)) + unit, fmt.format(max(values)) + unit
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 def default_device() -> str:
     import torch
 

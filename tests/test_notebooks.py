@@ -107,3 +107,14 @@ def test_a_parameter_no_notebook_has_is_refused_before_running(tmp_path):
     with pytest.raises(ValueError, match=r"\['SAVE_RESULT'\]"):
         run_notebooks(tmp_path, parameters={"DEVICE": "cpu", "SAVE_RESULT": True})  # a typo
     assert not list(tmp_path.iterdir())
+
+
+def test_value_range_prints_one_value_where_the_extremes_print_the_same():
+    from labkit.notebooks import value_range
+
+    assert value_range([8.21, 8.24], unit="%") == "8.2%"
+    assert value_range([8.21, 8.26], unit="%") == "8.2% to 8.3%"
+    assert value_range([-0.19, -0.21, -0.2], "{:+.0%}") == "-21% to -19%"
+    assert value_range([1.5], "×{:.2f}") == "×1.50"
+    with pytest.raises(ValueError):
+        value_range([])
