@@ -54,6 +54,7 @@ class TtftRow:
     snapshots: int
     snapshot_bytes: int  # bytes the cache holds after the run
     error: str | None = None
+    dtype: str = ""  # the model's: bf16 rounding can flip near-tied greedy tokens that float32 keeps
 
 
 @dataclass
@@ -119,7 +120,8 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
     """TTFT without a cache and with hits on a shared ``prefix`` (module docstring)."""
     vocab, device = model.cfg.vocab_size, model.device
     reqs = wl.shared_prefix(repeats + 3, prefix, suffix, vocab, seed=prefix + suffix)
-    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 8, 0, 0, 0, 0)
+    row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 8, 0, 0, 0, 0,
+                  dtype=str(model.dtype).removeprefix("torch."))
     try:
         generate(model, _ids(reqs[0].tokens, device), new_tokens, backend=backend)  # warm-up: compile, capture
         plain, want = [], []
