@@ -843,42 +843,50 @@ def _single_chunk_kernel(
     kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
     bos = tl.load(cu_ptr + seq).to(tl.int32)
     n = tl.minimum(tl.maximum(tl.load(cu_ptr + seq + 1).to(tl.int32), bos) - bos, C)
-    if HAS_INIT:
-        S = tl.load(_state_at(init_ptr, seq, hv, HV, DK, DV) + s_offs, mask=smask, other=0.0)
-    else:
-        S = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    scratch = tl.program_id(2).to(tl.int64) * tokens * HV
+    x_at = x_ptr + scratch * C
+    gcum_at = gcum_ptr + scratch
     if n > 0:
-        scratch = tl.program_id(2).to(tl.int64) * tokens * HV
-        x_at = x_ptr + scratch * C
-        gcum_at = gcum_ptr + scratch
         _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
                      EMULATE_RTNE, True)
-        tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
+    tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
+    # S0 is read after the solve (its registers are not held through it), first rounded to DT for
+    # the two products that take it, and again in float32 for the final state.
+    if HAS_INIT:
+        s0_at = _state_at(init_ptr, seq, hv, HV, DK, DV) + s_offs
+    else:
+        s0_at = _state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs  # never read
+    if n > 0:
         r = tl.arange(0, C)
         rm = r < n
         G = tl.load(_at(gcum_at, bos, HV, hv, 1) + r * HV, mask=rm, other=0.0)
         G_n = tl.sum(tl.where(r == n - 1, G, 0.0), 0)
-        beta = tl.load(_at(beta_ptr, bos, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
-        X = _tile(_at(x_at, bos, HV, hv, C), r, rm, HV * C, r, r < C)  # rows past n: another sequence's
         k = _tile(_at(k_ptr, bos, HK, hk, DK), r, rm, HK * DK, kk, kmask)
-        q = _tile(_at(q_ptr, bos, HK, hk, DK), r, rm, HK * DK, kk, kmask)
         v = _tile(_at(v_ptr, bos, HV, hv, DV), r, rm, HV * DV, cols, vmask).to(tl.float32)
         if HAS_INIT:
-            v = v - tl.exp(G)[:, None] * _mm(k, S, DT, DOT_F32, EMULATE_RTNE)
+            S0 = cast(tl.load(s0_at, mask=smask, other=0.0), DT, EMULATE_RTNE)
+            v = v - tl.exp(G)[:, None] * _mm(k, S0, DT, DOT_F32, EMULATE_RTNE)
+        beta = tl.load(_at(beta_ptr, bos, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+        X = _tile(_at(x_at, bos, HV, hv, C), r, rm, HV * C, r, r < C)  # rows past n: another sequence's
         U = _mm(X * beta[None, :], v, DT, DOT_F32, EMULATE_RTNE)
-        P = _decayed(q, k, G, G, 2, DOT_F32) * scale
-        O = _mm(P, U, DT, DOT_F32, EMULATE_RTNE)
+        q = _tile(_at(q_ptr, bos, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+        O = _mm(_decayed(q, k, G, G, 2, DOT_F32) * scale, U, DT, DOT_F32, EMULATE_RTNE)
         if HAS_INIT:
-            O += (tl.exp(G) * scale)[:, None] * _mm(q, S, DT, DOT_F32, EMULATE_RTNE)
+            O += (tl.exp(G) * scale)[:, None] * _mm(q, S0, DT, DOT_F32, EMULATE_RTNE)
         _store_tile(_at(o_ptr, bos, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
-        S = S * tl.exp(G_n) + _mm(tl.trans(k), U * tl.exp(G_n - G)[:, None], DT, DOT_F32, EMULATE_RTNE)
+        S = _mm(tl.trans(k), U * tl.exp(G_n - G)[:, None], DT, DOT_F32, EMULATE_RTNE)
+        if HAS_INIT:
+            S += tl.load(s0_at, mask=smask, other=0.0) * tl.exp(G_n)
         if CHECKPOINTS:
             i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
             base = tl.sum(tl.where(i < seq, (eos_i - bos_i) // ckpt_every, 0), 0)
             keep = (n == ckpt_every) & (base < ckpt_rows)
             tl.store(_state_at(ckpt_ptr, base, hv, HV, DK, DV) + s_offs, S, mask=smask & keep)
+    elif HAS_INIT:
+        S = tl.load(s0_at, mask=smask, other=0.0)
+    else:
+        S = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
     tl.store(_state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs, S, mask=smask)
-
 
 # -- the sequence split: segment transitions and their scan -----------------------------------------
 @triton.jit
