@@ -1126,8 +1126,9 @@ def chunk_delta_rule(
         hit's tail. None (auto, see :func:`use_single_chunk`): taken when every sequence is at most
         64 tokens, sequences x value heads <= the GPU's SMs (``num_sms``, 132 on an H200; past
         that the multi-kernel path fills the GPU better) and none of the options above (split ...
-        recompute_p) was given; True: always (ValueError if a sequence is longer than 64 tokens);
-        False: never. single_block_v: a power of two >= 16, default the whole head up to
+        recompute_p) was given; True: always (ValueError if a sequence is longer than 64 tokens,
+        unchecked while a CUDA graph is captured with cu_seqlens: the kernel then reads only the
+        first 64 tokens of a longer one); False: never. single_block_v: a power of two >= 16, default the whole head up to
         ``SINGLE_BLOCK_V`` (128); single_warps: default ``SINGLE_WARPS`` (4).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
