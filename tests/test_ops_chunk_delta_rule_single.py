@@ -104,6 +104,20 @@ def test_repeated_keys_keep_the_solve_exact(device):
     assert rel_err(o, o_ref) < 1e-5 and rel_err(s, s_ref) < 1e-5
 
 
+def test_strong_decays_past_a_short_sequence_overflow_nothing(device):
+    """Log-decays of -10 a token (a cumulative -370 by the end): the padding rows past the
+    sequence's end must not form exp(+370) (the interpreter raises on the overflow here)."""
+    import warnings
+
+    q, k, v, g, beta, state = _inputs(1, 37, 1, 2, 16, 16, seed=14, device=device)
+    g = torch.full_like(g, -10.0)
+    o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta, state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        o, s, _ = _run(q, k, v, g, beta, state, single_chunk=True)
+    assert rel_err(o, o_ref) < 1e-5 and rel_err(s, s_ref) < 1e-5
+
+
 def test_final_state_can_update_the_initial_state_in_place(device):
     q, k, v, g, beta, state = _inputs(2, 40, 1, 2, 16, 16, seed=11, device=device)
     o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta, state)

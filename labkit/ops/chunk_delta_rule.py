@@ -861,6 +861,7 @@ def _single_chunk_kernel(
         rm = r < n
         G = tl.load(_at(gcum_at, bos, HV, hv, 1) + r * HV, mask=rm, other=0.0)
         G_n = tl.sum(tl.where(r == n - 1, G, 0.0), 0)
+        G = tl.where(rm, G, G_n)  # rows past the end decay no further (P's exp(G_s - G_r) stays <= 1)
         k = _tile(_at(k_ptr, bos, HK, hk, DK), r, rm, HK * DK, kk, kmask)
         v = _tile(_at(v_ptr, bos, HV, hv, DV), r, rm, HV * DV, cols, vmask).to(tl.float32)
         if HAS_INIT:
