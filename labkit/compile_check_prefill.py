@@ -7,7 +7,7 @@ machine without one, and report registers, spills and shared memory per kernel v
 The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
 prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without
-the sequence split. Like compile-check, it replaces Triton's driver: run it as its own process.
+the sequence split, and the single-chunk kernel (sequences of <= 64 tokens). Like compile-check, it replaces Triton's driver: run it as its own process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-SHOWN = ("BLOCK_V", "SEGMENTED", "CHECKPOINTS", "HAS_START", "HAS_INIT", "DEFER_OUTPUTS", "INVERT_ROWS", "FULL_X")
+SHOWN = ("BLOCK_V", "HAS_INIT", "SEGMENTED", "CHECKPOINTS", "HAS_START", "DEFER_OUTPUTS", "INVERT_ROWS", "FULL_X")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invert", nargs="*", default=[None], help="the split solve's inverse: dots, rows")
     parser.add_argument("--products", nargs="*", default=[None], help="the split products' form: blocks, full")
     parser.add_argument("--products-warps", nargs="*", type=int, default=[None], help="default: prepare_warps")
+    parser.add_argument("--single-block-v", nargs="*", type=int, default=[None],
+                        help="the single-chunk kernel's value columns (default: the launcher's choice)")
+    parser.add_argument("--single-warps", nargs="*", type=int, default=[None], help="the single-chunk kernel's warps")
     args = parser.parse_args(argv)
 
     from . import compile_check as cc
@@ -64,6 +67,25 @@ def main(argv: list[str] | None = None) -> int:
                                  split=split, block_v=block_v, num_warps=warps, num_stages=stages,
                                  prepare=prepare, prepare_warps=prepare_warps, defer_outputs=bool(defer),
                                  invert=invert, products=products, products_warps=products_warps)
+            print(f"ok   {what}: {len(cc.COMPILED)} variants so far ({time.time() - t0:.0f} s)")
+        except Exception as e:  # noqa: BLE001
+            failures += 1
+            print(f"FAIL {what}: {e!r}")
+    # the single-chunk kernel (every sequence <= 64 tokens: a prefix-cache hit's tail), with and
+    # without a start state, with checkpoints
+    short = [64, 17]
+    cdr._host_lengths = lambda cu_seqlens, tokens: short
+    Ts = sum(short)
+    qs, ks, vs = (torch.empty(1, Ts, H, d, dtype=bf) for d in (K, K, V))
+    gs, betas = torch.empty(1, Ts, H), torch.empty(1, Ts, H, dtype=bf)
+    cus = torch.tensor([0, short[0], Ts], dtype=torch.int32)
+    ckpts = torch.empty(cdr.num_checkpoints(short, 64), H, K, V)
+    for block_v, warps, init in itertools.product(args.single_block_v, args.single_warps, (True, False)):
+        what = f"single_chunk block_v={block_v} warps={warps} initial_state={init}"
+        try:
+            cdr.chunk_delta_rule(qs, ks, vs, gs, betas, state[:2] if init else None, cu_seqlens=cus,
+                                 checkpoints=ckpts, checkpoint_every=64, single_chunk=True,
+                                 single_block_v=block_v, single_warps=warps)
             print(f"ok   {what}: {len(cc.COMPILED)} variants so far ({time.time() - t0:.0f} s)")
         except Exception as e:  # noqa: BLE001
             failures += 1

@@ -339,7 +339,8 @@ def test_benchmark_needs_a_gpu():
 
 def test_kernels_compile_for_sm90_at_real_shapes():
     """Through Triton's real compiler and ptxas (python -m labkit.compile_check_prefill), which the
-    interpreter never exercises: every kernel of both paths, at H = 16, K = V = 128, bf16."""
+    interpreter never exercises: every kernel of both paths and the single-chunk kernel, at H = 16,
+    K = V = 128, bf16."""
     import os
     import subprocess
     import sys
@@ -353,5 +354,5 @@ def test_kernels_compile_for_sm90_at_real_shapes():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "for sm_90" in run.stdout and "; 0 failures" in run.stdout
     for kernel in ("_prepare_kernel", "_solve_kernel", "_products_kernel", "_walk_kernel", "_transition_kernel",
-                   "_combine_kernel"):
+                   "_combine_kernel", "_single_chunk_kernel"):
         assert kernel in run.stdout

@@ -14,6 +14,8 @@ implementation are not counted), and labkit's relative RMS difference from fla's
     python -m labkit.bench.gdn_prefill --splits 0 4 16 64   # sweeps the split (chunks per segment)
     python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
     python -m labkit.bench.gdn_prefill --variants default fused-prepare+walk-outputs   # the kernel's forms
+    python -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --splits 0 --variants multi-kernel single-chunk
+                                                            # a prefix-cache hit's tail: one kernel or several
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ VARIANTS = {
     # the defaults with one output program per chunk (it forms P once, not per 64 columns): 25 us
     # faster at T = 16,384 with the [128, 32] walk in gdn-speed's round B, not timed with today's walk
     "default+ob128": dict(output_block_v=128),
+    # a prefix-cache hit's tail (every sequence <= 64 tokens): the single-chunk kernel against the
+    # multi-kernel path (``default`` passes a split, so it is the multi-kernel path too); e.g.
+    # --lengths 1 64 --packed 8 64 --splits 0 --variants multi-kernel single-chunk
+    "multi-kernel": dict(single_chunk=False),
+    "single-chunk": dict(single_chunk=True),
+    "single-chunk+bv64": dict(single_chunk=True, single_block_v=64),
+    "single-chunk+w8": dict(single_chunk=True, single_warps=8),
 }
 
 
@@ -145,15 +154,21 @@ def bench_gdn_prefill(
                 row.error = error_text(exc)
             rows.append(row)
         for name, split in [(v, s) for v in variants for s in splits]:
-            kw = VARIANTS[name]
-            blocks = -(-head_dim // (kw.get("block_v") or prefill_block_v(head_dim)))
-            chosen = prefill_split(sequences, heads, blocks, total) if split is None else split
+            kw = dict(VARIANTS[name])
+            if kw.get("single_chunk"):  # one kernel, no split to choose (one row per variant)
+                if split != splits[0]:
+                    continue
+                chosen = None
+            else:
+                blocks = -(-head_dim // (kw.get("block_v") or prefill_block_v(head_dim)))
+                chosen = prefill_split(sequences, heads, blocks, total) if split is None else split
+                kw["split"] = chosen
             row = GdnPrefillResult("labkit", sequences, total, split=chosen, variant=name)
             try:
-                o, _ = chunk_delta_rule(**x, split=chosen, **kw)
+                o, _ = chunk_delta_rule(**x, **kw)
                 if fla_out is not None:
                     row.rel_diff_vs_fla = rel_err(o, fla_out)
-                timed(row, lambda: chunk_delta_rule(**x, split=chosen, **kw))
+                timed(row, lambda: chunk_delta_rule(**x, **kw))
             except Exception as exc:
                 row.error = error_text(exc)
             rows.append(row)

@@ -66,6 +66,14 @@ Each segment is walked twice (for its map, over V + K columns, then for its outp
 three times the plain walk's arithmetic, for ``segments`` times its parallelism, so
 :func:`prefill_split` turns it on only where heads alone cannot fill the GPU.
 
+A call whose sequences are all at most one chunk long (a prefix-cache hit's tail: the restored
+state is S0 and the new tokens fit one chunk) is launch-bound: the kernels above cost ~21 us a layer
+on the H200 for 64 tokens at batch 1. ``_single_chunk_kernel`` does the same sums in one launch, one
+program per (sequence, value head, block of value columns): the solve (``_solve_chunk``, through
+the program's own scratch rows), then U = U0 - W S0, O and S_C as above, in registers. It is
+chunk_delta_rule's default where every sequence fits a chunk and sequences x value heads is at most
+the SM count (``single_chunk``; :func:`use_single_chunk`).
+
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
 takes its operands in the input dtype (bf16 tensor-core products on a GPU), so the state and the
@@ -148,6 +156,12 @@ WALK_WARPS = 4
 # at T = 4,096 / 16,384 with the [128, 32] walk).
 SPLIT_BY_DEFAULT = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
+# The single-chunk path (chunk_delta_rule's ``single_chunk``): value columns per program (the whole
+# head of Qwen3.5's 128) and warps. On the H200 a 64-token tail at batch 1 (16 heads, K = V = 128)
+# took ~12 us in one kernel against ~21 us through the multi-kernel path (an earlier build of the
+# same design; tools/gpu_experiments/gdn-tail.sh times this one).
+SINGLE_BLOCK_V = 128
+SINGLE_WARPS = 4
 
 
 # -- device helpers ---------------------------------------------------------------------------------
@@ -796,6 +810,85 @@ def _output_kernel(
         _store_tile(_at(o_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
 
 
+# -- one chunk per sequence: the whole call in one kernel (a prefix-cache hit's short tail) ----------
+@triton.jit
+def _single_chunk_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, init_ptr, o_ptr, final_ptr, ckpt_ptr, x_ptr, gcum_ptr,
+    num_seqs, tokens, ckpt_every, ckpt_rows, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """Grid (sequences, HV, value blocks), every sequence at most one chunk (n <= C = 64 tokens):
+    the prepare, the walk and the outputs of the module docstring in one program, for value
+    columns ``cols`` of one head, from the start state S0 (``init_ptr``, or zero):
+
+        G = cumsum(g),  X = (I + L)^-1        (``_solve_chunk``: the split prepare's solve, "rows")
+        U = X diag(beta) (V - diag(exp(G)) K S0)                      = U0 - W S0
+        O = diag(exp(G)) Q S0 / sqrt(K) + P U,  P = M o (Q K^T) / sqrt(K)
+        S = exp(G_n) S0 + (diag(exp(G_n - G)) K)^T U                  the final state
+
+    (W S0 = X diag(beta exp(G)) K S0 is formed as X diag(beta) (diag(exp(G)) K S0): one [C, K] x
+    [K, BLOCK_V] product instead of W's [C, C] x [C, K].) X and G go through this program's own
+    scratch rows (x_ptr, gcum_ptr: [value blocks, tokens, HV, ...], so that programs of other value
+    blocks never touch them), as in the merged prepare: the solve parks L there and inverts it in
+    place. The state after the chunk is also checkpoint row ``base`` when the sequence is exactly
+    ``ckpt_every`` (= 64) tokens long, ``base`` counting the checkpoints of earlier sequences
+    (``_walk_kernel``'s layout). A sequence without tokens gets its start state as final state."""
+    C: tl.constexpr = 4 * SUB
+    seq = tl.program_id(0)
+    hv = tl.program_id(1)
+    hk = hv // (HV // HK)
+    kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
+    bos = tl.load(cu_ptr + seq).to(tl.int32)
+    n = tl.minimum(tl.maximum(tl.load(cu_ptr + seq + 1).to(tl.int32), bos) - bos, C)
+    scratch = tl.program_id(2).to(tl.int64) * tokens * HV
+    x_at = x_ptr + scratch * C
+    gcum_at = gcum_ptr + scratch
+    if n > 0:
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
+                     EMULATE_RTNE, True)
+    tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
+    # S0 is read after the solve (its registers are not held through it), first rounded to DT for
+    # the two products that take it, and again in float32 for the final state.
+    if HAS_INIT:
+        s0_at = _state_at(init_ptr, seq, hv, HV, DK, DV) + s_offs
+    else:
+        s0_at = _state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs  # never read
+    if n > 0:
+        r = tl.arange(0, C)
+        rm = r < n
+        G = tl.load(_at(gcum_at, bos, HV, hv, 1) + r * HV, mask=rm, other=0.0)
+        G_n = tl.sum(tl.where(r == n - 1, G, 0.0), 0)
+        G = tl.where(rm, G, G_n)  # rows past the end decay no further (P's exp(G_s - G_r) stays <= 1)
+        k = _tile(_at(k_ptr, bos, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+        v = _tile(_at(v_ptr, bos, HV, hv, DV), r, rm, HV * DV, cols, vmask).to(tl.float32)
+        if HAS_INIT:
+            S0 = cast(tl.load(s0_at, mask=smask, other=0.0), DT, EMULATE_RTNE)
+            v = v - tl.exp(G)[:, None] * _mm(k, S0, DT, DOT_F32, EMULATE_RTNE)
+        beta = tl.load(_at(beta_ptr, bos, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+        X = _tile(_at(x_at, bos, HV, hv, C), r, rm, HV * C, r, r < C)  # rows past n: another sequence's
+        U = _mm(X * beta[None, :], v, DT, DOT_F32, EMULATE_RTNE)
+        q = _tile(_at(q_ptr, bos, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+        O = _mm(_decayed(q, k, G, G, 2, DOT_F32) * scale, U, DT, DOT_F32, EMULATE_RTNE)
+        if HAS_INIT:
+            O += (tl.exp(G) * scale)[:, None] * _mm(q, S0, DT, DOT_F32, EMULATE_RTNE)
+        _store_tile(_at(o_ptr, bos, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
+        S = _mm(tl.trans(k), U * tl.exp(G_n - G)[:, None], DT, DOT_F32, EMULATE_RTNE)
+        if HAS_INIT:
+            S += tl.load(s0_at, mask=smask, other=0.0) * tl.exp(G_n)
+        if CHECKPOINTS:
+            i, bos_i, eos_i = _lengths(cu_ptr, num_seqs, BLOCK_N)
+            base = tl.sum(tl.where(i < seq, (eos_i - bos_i) // ckpt_every, 0), 0)
+            keep = (n == ckpt_every) & (base < ckpt_rows)
+            tl.store(_state_at(ckpt_ptr, base, hv, HV, DK, DV) + s_offs, S, mask=smask & keep)
+    elif HAS_INIT:
+        S = tl.load(s0_at, mask=smask, other=0.0)
+    else:
+        S = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+    tl.store(_state_at(final_ptr, seq, hv, HV, DK, DV) + s_offs, S, mask=smask)
+
 # -- the sequence split: segment transitions and their scan -----------------------------------------
 @triton.jit
 def _transition_kernel(
@@ -905,6 +998,45 @@ def prefill_split(num_seqs: int, num_v_heads: int, v_blocks: int, tokens: int) -
     return cdiv(chunks, segments) if segments >= 2 else 0
 
 
+def use_single_chunk(lengths: Sequence[int] | None, num_seqs: int, num_v_heads: int, tokens: int) -> bool:
+    """chunk_delta_rule's automatic choice of the single-chunk kernel: every sequence at most one
+    chunk long and at most one program per SM (sequences x value heads <= ``num_sms()``, 132 on an
+    H200: beyond that the multi-kernel path, whose programs are per chunk and shorter, fills the
+    GPU better). ``lengths`` None (a CUDA graph being captured, no read-back): only when all the
+    ``tokens`` together fit one chunk, which bounds every sequence."""
+    short = tokens <= CHUNK if lengths is None else max(lengths, default=0) <= CHUNK
+    return short and num_seqs * num_v_heads <= num_sms()
+
+
+def _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints, checkpoint_every,
+                  N: int, block_v: int | None, warps: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """chunk_delta_rule through ``_single_chunk_kernel`` (inputs already checked): every sequence
+    at most CHUNK tokens long."""
+    B, T, Hk, K = q.shape
+    Hv, V = v.shape[2], v.shape[3]
+    block_v = block_v or min(SINGLE_BLOCK_V, max(16, next_pow2(V)))
+    if not isinstance(block_v, int) or block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"single_block_v must be a power of two >= 16, got {block_v!r}")
+    warps = warps or SINGLE_WARPS
+    if not isinstance(warps, int) or warps < 1 or warps & (warps - 1):
+        raise ValueError(f"single_warps must be a power of two >= 1, got {warps!r}")
+    total, device = B * T, q.device
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, total + 1, T, dtype=torch.int32, device=device)
+    v_blocks = cdiv(V, block_v)
+    # X and G of each program's chunk (its own rows: programs of other value blocks have their own)
+    x = torch.empty(v_blocks, total, Hv, CHUNK, dtype=torch.float32, device=device)
+    gcum = torch.empty(v_blocks, total, Hv, dtype=torch.float32, device=device)
+    _single_chunk_kernel[(N, Hv, v_blocks)](
+        q, k, v, g, beta, cu_seqlens, initial_state, out, final_state, checkpoints, x, gcum,
+        N, total, checkpoint_every or CHUNK, 0 if checkpoints is None else checkpoints.shape[0], K**-0.5,
+        HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=max(16, next_pow2(K)), BLOCK_V=block_v, BLOCK_N=next_pow2(N), SUB=SUB,
+        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, DT=TORCH_TO_TL[q.dtype],
+        **interpreter_flags(q.dtype), num_warps=warps,
+    )
+    return out, final_state
+
+
 def _units(total: int, B: int, T: int, N: int, span: int, varlen: bool) -> int:
     """Programs for the pieces of ``span`` tokens of every sequence: exact for B rows of T tokens;
     for packed sequences the bound sum_i cdiv(len_i, span) <= cdiv(total, span) + N - 1 (the
@@ -942,7 +1074,7 @@ def chunk_delta_rule(
     split: int | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 2,
+    num_stages: int | None = None,
     prepare: str | None = None,
     prepare_warps: int | None = None,
     defer_outputs: bool | None = None,
@@ -950,8 +1082,11 @@ def chunk_delta_rule(
     invert: str | None = None,
     products: str | None = None,
     products_warps: int | None = None,
-    output_warps: int = 4,
+    output_warps: int | None = None,
     recompute_p: bool | None = None,
+    single_chunk: bool | None = None,
+    single_block_v: int | None = None,
+    single_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`.
@@ -971,20 +1106,31 @@ def chunk_delta_rule(
     split: chunks per segment of the sequence split (module docstring); 0 never splits; None
         lets :func:`prefill_split` decide where ``SPLIT_BY_DEFAULT``, else no split.
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
-        warps and software-pipelining stages (tuning knobs; the defaults compile for K = V = 128
-        without spills on sm_90: python -m labkit.compile_check_prefill).
+        warps and software-pipelining stages (default 2) (tuning knobs; the defaults compile for
+        K = V = 128 without spills on sm_90: python -m labkit.compile_check_prefill).
     prepare: "fused" (one kernel for the intra-chunk quantities), "split" (the triangular solve,
         then W, U0 and P by separate programs) or "merged" (the split's two kernels in one program
         per chunk: the "rows" inverse, then the "full" products); None: ``PREPARE``.
         prepare_warps: their warps.
     defer_outputs: the walk leaves the outputs to a parallel kernel (it stores each chunk's start
         state and deltas instead); None: ``DEFER_OUTPUTS``. output_block_v: that kernel's value
-        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's); output_warps: its warps.
+        columns per program (default ``OUTPUT_BLOCK_V``, at most the head's); output_warps: its warps
+        (default 4).
     invert, products: with prepare="split", how X's diagonal blocks are inverted ("dots" or "rows")
         and how W and U0 are formed ("blocks" or "full"); None: ``INVERT``, ``PRODUCTS``.
         products_warps: the products kernel's warps (default: prepare_warps).
     recompute_p: with defer_outputs, the output kernel forms P itself (the prepare skips it);
         None: ``RECOMPUTE_P`` where the outputs are deferred.
+    single_chunk: the whole call as one kernel, ``_single_chunk_kernel`` (one program per sequence,
+        value head and block of ``single_block_v`` value columns, at ``single_warps`` warps), for
+        calls whose sequences are all at most one chunk (64 tokens) long, such as a prefix-cache
+        hit's tail. None (auto, see :func:`use_single_chunk`): taken when every sequence is at most
+        64 tokens, sequences x value heads <= the GPU's SMs (``num_sms``, 132 on an H200; past
+        that the multi-kernel path fills the GPU better) and none of the options above (split ...
+        recompute_p) was given; True: always (ValueError if a sequence is longer than 64 tokens,
+        unchecked while a CUDA graph is captured with cu_seqlens: the kernel then reads only the
+        first 64 tokens of a longer one); False: never. single_block_v: a power of two >= 16, default the whole head up to
+        ``SINGLE_BLOCK_V`` (128); single_warps: default ``SINGLE_WARPS`` (4).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -1044,6 +1190,21 @@ def chunk_delta_rule(
                 f"checkpoints must have shape [{need}, {Hv}, {K}, {V}] (num_checkpoints(lengths, "
                 f"{checkpoint_every})), got {list(checkpoints.shape)}"
             )
+    if single_chunk not in (None, True, False):
+        raise ValueError(f"single_chunk must be True, False or None (auto), got {single_chunk!r}")
+    chosen = (split, block_v, num_warps, num_stages, prepare, prepare_warps, defer_outputs, output_block_v,
+              invert, products, products_warps, output_warps, recompute_p)
+    if single_chunk is True and lengths is not None and max(lengths, default=0) > CHUNK:
+        raise ValueError(
+            f"single_chunk=True needs every sequence to be at most one chunk ({CHUNK} tokens) long; "
+            f"the longest here has {max(lengths)} tokens"
+        )
+    if single_chunk or (single_chunk is None and all(x is None for x in chosen)
+                        and use_single_chunk(lengths, N, Hv, B * T)):
+        return _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints,
+                             checkpoint_every, N, single_block_v, single_warps)
+    num_stages = 2 if num_stages is None else num_stages
+    output_warps = output_warps or 4
     block_v = block_v or prefill_block_v(V)
     if block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"block_v must be a power of two >= 16, got {block_v}")

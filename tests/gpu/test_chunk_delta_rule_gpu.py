@@ -146,3 +146,79 @@ def test_variants_on_packed_prompts(variant):
                 _, s_pos = _ref(*(x[:, :every] for x in part), state[i:i + 1])
                 assert rel_err(ckpt[row - n // every:row - n // every + 1], s_pos) < BOUND, (split, i)
             t += n
+
+
+# a prefix-cache hit's tail: one chunk per sequence after a restored state
+@pytest.mark.parametrize("lengths", [[64], [1], [64] * 8, [1, 64, 17, 0, 33, 64, 5, 64]],
+                         ids=["T64", "T1", "8x64", "packed-mixed"])
+@pytest.mark.parametrize("single", [None, True])
+def test_single_chunk_tail(lengths, single):
+    """The single-chunk kernel at the real shape (16 value heads, K = V = 128, bf16): chosen by default
+    (8 x 16 = 128 programs <= 132 SMs) or forced; outputs, final states and the 64-token checkpoints
+    poisoned first, then compared with the reference sequence by sequence."""
+    from labkit.ops import chunk_delta_rule as cdr
+
+    calls = []
+    launch = cdr._single_chunk
+    cdr._single_chunk = lambda *a, **kw: calls.append(1) or launch(*a, **kw)
+    try:
+        q, k, v, g, beta, state = _inputs(sum(lengths), seed=6, sequences=len(lengths))
+        cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32) if len(lengths) > 1 else None
+        ckpt = torch.full((num_checkpoints(lengths, 64), H, D, D), float("nan"), device="cuda")
+        extra = dict(checkpoints=ckpt, checkpoint_every=64) if len(ckpt) else {}
+        out = torch.full_like(v, float("nan"))
+        final = torch.full_like(state, float("nan"))
+        o, s = chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, out=out, final_state=final,
+                                single_chunk=single, **extra)
+        torch.cuda.synchronize()
+    finally:
+        cdr._single_chunk = launch
+    assert calls == [1]
+    assert not o.isnan().any() and not s.isnan().any() and not ckpt.isnan().any()
+    t = row = 0
+    for i, n in enumerate(lengths):
+        if n:
+            o_ref, s_ref = _ref(*(x[:, t:t + n] for x in (q, k, v, g, beta)), state[i:i + 1])
+            assert rel_err(o[:, t:t + n], o_ref) < BOUND and rel_err(s[i:i + 1], s_ref) < BOUND, i
+        else:
+            assert torch.equal(s[i], state[i])
+        if n == 64:
+            assert torch.equal(ckpt[row], s[i])
+            row += 1
+        t += n
+    # the multi-kernel path agrees
+    o2, s2 = chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=False)
+    assert rel_err(o, o2) < BOUND and rel_err(s, s2) < BOUND
+
+
+def test_single_chunk_graph_replay():
+    """Captured in a CUDA graph (no read-back of cu_seqlens: 4 sequences, 64 tokens in all, so
+    the automatic choice needs no lengths), replayed on new data."""
+    lengths = [1, 40, 0, 23]
+    q, k, v, g, beta, state = _inputs(sum(lengths), seed=7, sequences=4)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0)
+    out, final = torch.empty_like(v), torch.empty_like(state)
+
+    def call():
+        chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, out=out, final_state=final)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    fresh = _inputs(sum(lengths), seed=8, sequences=4)
+    for buf, new in zip((q, k, v, g, beta, state), fresh):
+        buf.copy_(new)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    t = 0
+    for i, n in enumerate(lengths):
+        if n:
+            o_ref, s_ref = _ref(*(x[:, t:t + n] for x in fresh[:5]), fresh[5][i:i + 1])
+            assert rel_err(out[:, t:t + n], o_ref) < BOUND and rel_err(final[i:i + 1], s_ref) < BOUND
+        t += n
