@@ -171,6 +171,15 @@ def test_forcing_a_long_sequence_is_refused(device):
         chunk_delta_rule(q, k, v, g, beta, None, cu_seqlens=cu, single_chunk=True)
     with pytest.raises(ValueError, match="the longest here has 66 tokens"):
         chunk_delta_rule(q, k, v, g, beta, state[:1], single_chunk=True)
+
+
+def test_forcing_under_capture_needs_a_total_of_one_chunk(device, monkeypatch):
+    # while a CUDA graph is captured cu_seqlens is not read back (_host_lengths gives None): forcing
+    # the single path is refused unless the tokens together fit one chunk, which bounds every sequence
+    q, k, v, g, beta, _ = _inputs(1, 66, 1, 2, 16, 16, seed=14, device=device)
+    monkeypatch.setattr(cdr, "_host_lengths", lambda cu, tokens: None)
+    with pytest.raises(ValueError, match=r"under CUDA-graph capture needs at most 64 tokens in all .* got 66"):
+        chunk_delta_rule(q, k, v, g, beta, None, cu_seqlens=torch.tensor([0, 1, 66], device=device), single_chunk=True)
     with pytest.raises(ValueError, match="single_block_v must be a power of two >= 16"):
         chunk_delta_rule(q[:, :5], k[:, :5], v[:, :5], g[:, :5], beta[:, :5], None, single_block_v=24)
     with pytest.raises(ValueError, match="single_warps must be a power of two"):

@@ -1127,9 +1127,9 @@ def chunk_delta_rule(
         hit's tail. None (auto, see :func:`use_single_chunk`): taken when every sequence is at most
         64 tokens, sequences x value heads <= the GPU's SMs (``num_sms``, 132 on an H200; past
         that the multi-kernel path fills the GPU better) and none of the options above (split ...
-        recompute_p) was given; True: always (ValueError if a sequence is longer than 64 tokens,
-        unchecked while a CUDA graph is captured with cu_seqlens: the kernel then reads only the
-        first 64 tokens of a longer one); False: never. single_block_v: a power of two >= 16, default the whole head up to
+        recompute_p) was given; True: always (ValueError if a sequence is longer than 64 tokens;
+        while a CUDA graph is captured with cu_seqlens, whose lengths cannot be read, if all the
+        tokens together are more than 64); False: never. single_block_v: a power of two >= 16, default the whole head up to
         ``SINGLE_BLOCK_V`` (128); single_warps: default ``SINGLE_WARPS`` (4).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
@@ -1198,6 +1198,14 @@ def chunk_delta_rule(
         raise ValueError(
             f"single_chunk=True needs every sequence to be at most one chunk ({CHUNK} tokens) long; "
             f"the longest here has {max(lengths)} tokens"
+        )
+    if single_chunk is True and lengths is None and B * T > CHUNK:
+        # cu_seqlens cannot be read while a graph is captured: only a total that fits one chunk
+        # bounds every sequence (the kernel would read just the first 64 tokens of a longer one)
+        raise ValueError(
+            f"single_chunk=True with cu_seqlens under CUDA-graph capture needs at most {CHUNK} tokens in all "
+            f"(the lengths cannot be read back to check them), got {B * T}; use single_chunk=None (auto) or "
+            "capture dense [B, T] rows"
         )
     if single_chunk or (single_chunk is None and all(x is None for x in chosen)
                         and use_single_chunk(lengths, N, Hv, B * T)):
