@@ -1,4 +1,4 @@
-# expected run time: about 80 s on one H200 (single-chunk GPU tests ~30 s, tail timing ~25 s, the rest of the op's GPU tests <= 25 s)
+# expected run time: about 90 s on one H200 (single-chunk GPU tests ~30 s, tail timing ~25 s, the rest of the op's GPU tests <= 25 s)
 # Run from the worktree root: source tools/gpu_env.sh; RES=<dir> timeout 95 bash tools/gpu_experiments/gdn-tail.sh
 # A prefix-cache hit's GDN tail (every sequence <= 64 tokens): chunk_delta_rule's single-chunk kernel (one launch)
 # against the multi-kernel path, checked at the real shape (16 heads, K = V = 128, bf16) and timed in CUDA graphs
@@ -15,8 +15,9 @@ timeout -k 5 35 python3 -m pytest -q -m gpu tests/gpu/test_chunk_delta_rule_gpu.
     -p no:cacheprovider > "$RES/tests_single.log" 2>&1
 echo "rc=$?" >> "$RES/tests_single.log"; echo "tests_single $(date -u +%T)" >> "$RES/times.txt"
 # 2. the timing: one kernel vs the multi-kernel path (and the single kernel's block_v / warps), no fla
-timeout -k 5 30 python3 -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --splits 0 --no-fla --reps 15 \
-    --variants multi-kernel single-chunk single-chunk+bv64 single-chunk+w8 > "$RES/timing.log" 2>&1
+timeout -k 5 40 python3 -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --splits 0 --no-fla --reps 15 \
+    --variants multi-kernel single-chunk single-chunk+bv64 single-chunk+w8 --name gdn-tail > "$RES/timing.log" 2>&1
+cp data/bench/*/gdn-tail.json "$RES/" 2>/dev/null
 echo "rc=$?" >> "$RES/timing.log"; echo "timing $(date -u +%T)" >> "$RES/times.txt"
 # 3. (last: cut first if time runs out) the op's other GPU tests (the multi-kernel path, long prompts)
 timeout -k 3 25 python3 -m pytest -q -m gpu tests/gpu/test_chunk_delta_rule_gpu.py -k "not single" \

@@ -17,7 +17,7 @@ stage() {  # stage NAME MAX_S RESERVE_S command...: at most MAX_S, leaving RESER
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$RES/gpu.txt" 2>&1
 git log -1 --format=%h > "$RES/commit.txt" 2>/dev/null
-stage gputests 100 400 python3 -m pytest -m gpu -q -rfs tests/gpu/test_chunk_delta_rule_gpu.py
+stage gdn 100 400 env RES="$RES/gdn" bash tools/gpu_experiments/gdn-tail.sh
 stage ttft 70 330 python3 -m labkit bench cache --experiments ttft --ttft-cases 4096:64:256 --backends fused+graph \
     --repeats 3 --name prefix-cache-ttft
 stage ttft-fp32 70 260 python3 -m labkit bench cache --experiments ttft --ttft-cases 4096:64:256 --backends fused+graph \
