@@ -61,7 +61,7 @@ matmul FLOPs; attention's quadratic term and the embedding gather are not counte
 it frees its own bytes (one block of KV plus the recurrent states).
 
 A cache is bound to one model: its configuration, dtype, device and weights
-(:func:`labkit.fused.weights_key`); any other model, or the same model after its weights changed,
+(:func:`labkit.weights.weights_key`); any other model, or the same model after its weights changed,
 is refused with a clear error rather than restoring foreign state.
 """
 
@@ -75,7 +75,7 @@ from typing import Any
 import torch
 
 from .cache import CacheFullError, HybridCache
-from .fused import weights_key
+from .weights import weights_key
 from .model import HybridLM
 from .ops.mixers import gdn_inputs_ref, short_conv_ref
 
