@@ -68,8 +68,11 @@ is refused with a clear error rather than restoring foreign state.
 from __future__ import annotations
 
 import operator
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import torch
@@ -157,6 +160,59 @@ class _Node:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
+_SNAPSHOT_DICTS = operator.attrgetter("keys", "values", "conv_states", "recurrent_states")
+
+
+def _snapshot_facts(nodes: list[_Node]) -> tuple[tuple, tuple]:
+    """(layers, tensors) of every snapshot dict of ``nodes``, in order: what a restore plan was made
+    from. A few C-level passes, no Python call per node (a hit restores 16 nodes of 48 tensors)."""
+    dicts = list(chain.from_iterable(map(_SNAPSHOT_DICTS, nodes)))
+    return tuple(chain.from_iterable(dicts)), tuple(chain.from_iterable(map(dict.values, dicts)))
+
+
+@dataclass(eq=False)
+class _RestorePlan:
+    """The copies of one restore: for each row's path, every node's KV rows into the cache's block rows,
+    and the deepest node's conv and recurrent states into the row's state buffers, grouped per dtype
+    as (destinations, sources) for one ``torch._foreach_copy_`` each.
+
+    Made once per (cache, nodes restored) and reused by later hits on the same path, while the nodes'
+    snapshot tensors are the very ones it was made from (``layers``, ``held``); it holds the nodes, so
+    their ids, which key it, cannot be reused while it lives; :class:`PrefixCache` drops it when one
+    of them is evicted, and on ``clear``."""
+
+    nodes: tuple[_Node, ...]
+    layers: tuple
+    held: tuple
+    copies: list[tuple[list[torch.Tensor], list[torch.Tensor]]]
+    uses: int = 0
+    graph: Any = None  # a CUDA graph of the copies (PrefixCache.RESTORE_GRAPH_AT), replayed instead
+
+    def copy(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        for dst, src in self.copies:
+            torch._foreach_copy_(dst, src)
+
+
+class _PlanTable:
+    """One PrefixCache's restore plans for one cache, by the ids of the nodes restored (most recent
+    last). Kept in the cache's attachments, so the plans (and the views of the cache's buffers they
+    hold) go with the cache; the PrefixCache holds the table weakly (by identity: not a dict)."""
+
+    __slots__ = ("plans", "__weakref__")
+
+    def __init__(self) -> None:
+        self.plans: OrderedDict[tuple[int, ...], _RestorePlan] = OrderedDict()
+
+
+def _clear_tables(tables: "weakref.WeakSet[_PlanTable]") -> None:
+    """Drop every plan of a PrefixCache that is gone: they hold its nodes' snapshots."""
+    for table in list(tables):
+        table.plans.clear()
+
+
 @dataclass
 class PrefixPrefill:
     logits: torch.Tensor  # [B, vocab] after each row's last prompt token
@@ -171,7 +227,17 @@ class PrefixCache:
     decoder's cache is reset, refilled from the longest cached prefix, and the rest of the prompt is
     prefilled; then decode with ``decoder.step`` as usual. Any backend's decoder works (it needs
     ``.model``, ``.cache`` and ``.prefill``).
+
+    A hit's copies are listed once per (cache, nodes restored) in a :class:`_RestorePlan` and reused
+    by later hits on the same path (the lists cost ~0.1 ms of Python per hit to build on
+    Qwen3.5-0.8B); a plan is dropped when a node on its path is evicted, and by :meth:`clear`.
     """
+
+    # From the RESTORE_GRAPH_AT-th use of a plan on a CUDA device, its copies are captured in a CUDA
+    # graph and replayed (one launch instead of one per dtype's multi-tensor copy, and no Python per
+    # copy list). 0: never. Off by default: not yet measured on a GPU; on a CPU it is never used.
+    RESTORE_GRAPH_AT = 0
+    PLANS_PER_CACHE = 64  # restore plans kept per cache (least recently used dropped)
 
     def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
                  admission: str = "every") -> None:
@@ -198,6 +264,11 @@ class PrefixCache:
         self.nbytes = 0
         self.evictions = 0
         self._clock = 0
+        # restore plans: a table per cache, in the cache's attachments under this key (its token
+        # object, held by the key, is unique to this PrefixCache); the tables are held weakly here
+        self._plans_key = ("labkit.PrefixCache.plans", object())
+        self._plan_tables: weakref.WeakSet[_PlanTable] = weakref.WeakSet()
+        weakref.finalize(self, _clear_tables, self._plan_tables)
 
     def _snapshot_bytes(self) -> int:
         """The bytes of one snapshot, from the cache's own layout (a one-sequence, one-block cache)."""
@@ -310,12 +381,12 @@ class PrefixCache:
             for node in path:
                 node.last_used = self._clock
 
-        restore = [p[:hit_blocks] for p in paths]
-        for node in {id(n): n for p in restore for n in p}.values():
-            self._check_snapshot(node, cache)  # before the reset: a bad snapshot leaves the cache as it was
+        # the plan checks the snapshots (before the reset: a bad one leaves the cache as it was)
+        plan = self._plan(cache, [p[:hit_blocks] for p in paths]) if hit_blocks else None
         cache.reset(zero=not hit_blocks)  # a restore overwrites every state: zeroing them first is wasted launches
-        if hit_blocks:
-            self._restore(cache, restore)
+        if plan is not None:
+            plan.copy()
+            cache.advance(hit_blocks * bs)
         # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}
@@ -364,11 +435,52 @@ class PrefixCache:
         return logits
 
     def _restore(self, cache: HybridCache, paths: list[list[_Node]]) -> None:
-        """Copy each row's path into the cache: every node's KV block to its positions, the deepest
-        node's conv and recurrent states. Copies are launches, and a hit is timed by them: the
-        pieces go as one multi-tensor copy per dtype (``torch._foreach_copy_``), each piece a
-        contiguous [block, head_dim] row of one head (the cache's [heads, block, head_dim] slice of a
-        row is not contiguous; its per-head rows are), the destinations made once per cache."""
+        """Copy each row's path into the cache (its plan, made or reused) and advance its lengths."""
+        self._plan(cache, paths).copy()
+        cache.advance(len(paths[0]) * self.block_size)
+
+    def _plan(self, cache: HybridCache, paths: list[list[_Node]]) -> _RestorePlan:
+        """The restore plan of ``paths`` (one per row, of equal length) into ``cache``: reused if made
+        before from the same snapshot tensors, else made after checking every node on the paths
+        (:meth:`_check_snapshot`, which raises on a snapshot that does not fit the cache)."""
+        nodes = [n for p in paths for n in p]
+        table = cache.attachments.get(self._plans_key)
+        if table is None:
+            table = cache.attachments[self._plans_key] = _PlanTable()
+            self._plan_tables.add(table)
+        key, plans = tuple(map(id, nodes)), table.plans
+        plan = plans.get(key)
+        layers, held = _snapshot_facts(nodes)
+        if plan is not None and plan.layers == layers and _same_objects(held, plan.held):
+            plans.move_to_end(key)
+        else:
+            for node in {id(n): n for n in nodes}.values():
+                self._check_snapshot(node, cache)
+            plan = plans[key] = _RestorePlan(tuple(nodes), layers, held, self._copies(cache, paths))
+            while len(plans) > self.PLANS_PER_CACHE:
+                plans.popitem(last=False)
+        plan.uses += 1
+        if self.RESTORE_GRAPH_AT and plan.graph is None and plan.uses >= self.RESTORE_GRAPH_AT and cache.device.type == "cuda":
+            plan.graph = self._capture_copies(plan)
+        return plan
+
+    @staticmethod
+    def _capture_copies(plan: _RestorePlan) -> Any:
+        """A CUDA graph of the plan's copies (their sources and destinations never move while the plan
+        lives). Capture only records: the caller replays it (after resetting the cache's lengths)."""
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for dst, src in plan.copies:
+                torch._foreach_copy_(dst, src)
+        return graph
+
+    def _copies(self, cache: HybridCache, paths: list[list[_Node]]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """Every node's KV block to its positions, the deepest node's conv and recurrent states. Copies
+        are launches, and a hit is timed by them: the pieces go as one multi-tensor copy per dtype
+        (``torch._foreach_copy_``), each piece a contiguous [block, head_dim] row of one head (the
+        cache's [heads, block, head_dim] slice of a row is not contiguous; its per-head rows are), the
+        destinations made once per cache."""
         layers = list(cache.keys)
         dst: dict[torch.dtype, list[torch.Tensor]] = {}
         src: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -384,9 +496,16 @@ class PrefixCache:
             last, rows = path[-1], self._state_destinations(cache, r)
             add([rows["conv", i] for i in last.conv_states], list(last.conv_states.values()))
             add([rows["recurrent", i] for i in last.recurrent_states], list(last.recurrent_states.values()))
-        for dtype in dst:
-            torch._foreach_copy_(dst[dtype], src[dtype])
-        cache.advance(len(paths[0]) * self.block_size)
+        return [(dst[dtype], src[dtype]) for dtype in dst]
+
+    def _drop_plans(self, node: _Node | None = None) -> None:
+        """Forget the restore plans through ``node`` (all of them: None), in every cache's table."""
+        for table in list(self._plan_tables):
+            if node is None:
+                table.plans.clear()
+            else:
+                for key in [k for k, plan in table.plans.items() if any(n is node for n in plan.nodes)]:
+                    del table.plans[key]
 
     @staticmethod
     def _state_destinations(cache: HybridCache, r: int) -> dict[tuple[str, int], torch.Tensor]:
@@ -497,13 +616,15 @@ class PrefixCache:
                 return False
             victim = min(leaves, key=self._eviction_score)
             del victim.parent.children[victim.block]
+            self._drop_plans(victim)
             self.nbytes -= victim.nbytes
             self.evictions += 1
         return True
 
     def clear(self) -> None:
-        """Drop every snapshot."""
+        """Drop every snapshot, and the restore plans made from them."""
         self.root.children.clear()
+        self._drop_plans()
         self.nbytes = 0
 
     def __repr__(self) -> str:
