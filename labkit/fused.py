@@ -335,6 +335,13 @@ class FusedDecoder:
         if self.pdl and torch.cuda.get_device_capability(device)[0] < 9:
             raise RuntimeError("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
 
+    @property
+    def checked_weights(self) -> tuple | None:
+        """The model's :func:`weights_key` as the latest :meth:`refresh` took it (None before one
+        succeeded): a caller that has just refreshed the decoder (``generate``, through
+        ``fused_decoder``) passes it on instead of taking the key again."""
+        return self._weights
+
     def refresh(self, weights: tuple | None = None) -> bool:
         """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were
         made: replaced, modified in place, or moved. True when it rebuilt. Called by every prefill

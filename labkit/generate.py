@@ -136,7 +136,8 @@ def generate(
     if prefix_cache is None:
         logits = decoder.prefill(input_ids)
     else:
-        pre = prefix_cache.prefill(decoder, input_ids)
+        # a fused decoder took the weights key when it was fetched above (refresh): not taken twice
+        pre = prefix_cache.prefill(decoder, input_ids, weights=getattr(decoder, "checked_weights", None))
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     _sync(model.device)

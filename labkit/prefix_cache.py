@@ -311,7 +311,8 @@ class PrefixCache:
         return count
 
     # -- checks --------------------------------------------------------------------------------------
-    def _check(self, decoder: Any, input_ids: torch.Tensor) -> tuple[HybridLM, HybridCache, list, tuple]:
+    def _check(self, decoder: Any, input_ids: torch.Tensor,
+               weights: tuple | None = None) -> tuple[HybridLM, HybridCache, list, tuple]:
         """The model and cache, the block keys of the prompt's rows and the model's weights key, once the
         decoder, its cache and the prompt are found to fit this PrefixCache (else an error)."""
         model, cache = getattr(decoder, "model", None), getattr(decoder, "cache", None)
@@ -327,7 +328,7 @@ class PrefixCache:
                 f"this PrefixCache holds {self.dtype} snapshots on {self.device}; the model is {model.dtype} "
                 f"on {model.device}: make a PrefixCache for that model"
             )
-        key = weights_key(model)
+        key = weights_key(model) if weights is None else weights
         if key != self._weights:
             raise ValueError(
                 "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
@@ -361,13 +362,15 @@ class PrefixCache:
 
     # -- prefill -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, decoder: Any, input_ids: torch.Tensor) -> PrefixPrefill:
+    def prefill(self, decoder: Any, input_ids: torch.Tensor, *, weights: tuple | None = None) -> PrefixPrefill:
         """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
         return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
-        snapshots change if the decoder's model is not this cache's, or the prompt does not fit."""
+        snapshots change if the decoder's model is not this cache's, or the prompt does not fit.
+        ``weights``: the model's :func:`~labkit.weights.weights_key`, from a caller that has just
+        taken it (``generate``, from the decoder it refreshed); else it is taken here."""
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
-        model, cache, keys, key = self._check(decoder, input_ids)
+        model, cache, keys, key = self._check(decoder, input_ids, weights)
         input_ids = input_ids.to(model.device)
         B, T = input_ids.shape
         bs = self.block_size

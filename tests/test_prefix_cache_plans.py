@@ -138,3 +138,15 @@ def _all_nodes(prefix):
         out.append(node)
         stack.extend(node.children.values())
     return out
+
+
+def test_generate_passes_the_fused_decoders_weights_key(model, monkeypatch):
+    from labkit import prefix_cache as pc_module
+
+    prefix, ids = labkit.PrefixCache(model, BS, budget_bytes=10**8), _ids(19)
+    want = labkit.generate(model, ids, 3, backend="fused").tokens
+    labkit.generate(model, ids, 3, backend="fused", prefix_cache=prefix)  # the miss
+    taken = []
+    monkeypatch.setattr(pc_module, "weights_key", lambda m: taken.append(m) or pytest.fail("key taken twice"))
+    out = labkit.generate(model, ids, 3, backend="fused", prefix_cache=prefix)
+    assert out.prefix_hit == 16 and torch.equal(out.tokens, want) and not taken
