@@ -103,6 +103,10 @@ hit = lambda i: pc.prefill(dec, ids[i % len(ids)])  # noqa: E731
 rows["hit: pc.prefill, real tail (ms)"] = timed(hit)
 rows["hit: pc.prefill, tail stubbed = host side (ms)"] = timed(lambda i: pc.prefill(stub, ids[i % len(ids)]))
 rows["weights_key (ms)"] = timed(lambda i: weights_key(model))
+if hasattr(weights_key, "__module__") and weights_key.__module__ == "labkit.weights":
+    from labkit.weights import _describe  # the full walk, as every call did before the memo
+
+    rows["weights_key: full walk, no memo (ms)"] = timed(lambda i: _describe(model, []))
 rows["lookup: pc.lookup(row) (ms)"] = timed(lambda i: pc.lookup(ids[i % len(ids)][0]))
 rows["check: pc._check (ms)"] = timed(lambda i: pc._check(dec, ids[i % len(ids)]))
 
