@@ -10,6 +10,12 @@ call per tensor) the facts the key is made of: every module's parameter, buffer 
 that each entry is still the very object seen, and each tensor's storage address, in-place version
 counter, shape and dtype. Any difference, or a module or tensor that died, and the key is walked
 again.
+
+What it saves is the walk's Python, not the reading of the facts: on a CPU, for Qwen3.5-0.8B's
+136 modules and 236 tensors (built on the meta device), a full walk took ~306 us and a memoized
+call ~225 us (11 Python calls instead of ~1,000), of which ~90 us is reading four facts of each
+tensor. The cheaper way to skip it is not to take the key twice: ``generate`` hands the fused
+decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`.
 """
 
 from __future__ import annotations
