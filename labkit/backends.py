@@ -86,7 +86,8 @@ def pooled_cache_len(min_len: int) -> int:
     return max(256, 1 << (max(min_len, 1) - 1).bit_length())
 
 
-def pooled_decoder(backend: str, model: HybridLM, batch: int, min_len: int) -> tuple[Decoder, HybridCache]:
+def pooled_decoder(backend: str, model: HybridLM, batch: int, min_len: int, *,
+                   zero: bool = True) -> tuple[Decoder, HybridCache]:
     """A decoder and an empty cache of at least ``min_len`` tokens, as ``generate`` uses when given no cache.
 
     For a pooled backend both are kept on the model (``model.attachments``, up to POOL_SIZE entries)
@@ -94,6 +95,8 @@ def pooled_decoder(backend: str, model: HybridLM, batch: int, min_len: int) -> t
     a decoder's captured graphs replay as they are (they are recaptured if the model's weights
     changed). Entries made before the model moved to another device or dtype are dropped. Other
     backends get a fresh cache of exactly ``min_len``. ``release_pooled(model)`` frees them all.
+    ``zero=False`` resets a reused cache's lengths only (``HybridCache.reset(zero=False)``), for a
+    caller that resets it again before use, as :meth:`labkit.PrefixCache.prefill` does.
     """
     factory = _factory(backend)
     if backend not in POOLED:
@@ -108,7 +111,7 @@ def pooled_decoder(backend: str, model: HybridLM, batch: int, min_len: int) -> t
     if cache is None:
         cache = model.new_cache(batch, key[2])
     else:
-        cache.reset()
+        cache.reset(zero=zero)
     decoder = factory(model, cache)
     pool[key] = cache  # most recently used last
     while len(pool) > POOL_SIZE:

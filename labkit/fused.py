@@ -61,6 +61,7 @@ from .cache import HybridCache
 from .model import HybridLM, attention_dims, gdn_dims
 from .ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing, attend_ref
 from .tuning import linear_config as tuned_linear_config
+from .weights import weights_key as weights_key  # re-exported: callers import it from labkit.fused
 
 
 def _load_ops() -> Any:
@@ -292,30 +293,6 @@ def _layer_plan(i: int, kind: str, block: nn.Module, plan: Callable[..., LinearP
     raise TypeError(f"{where}: no fused kernels for a {kind!r} mixer")
 
 
-def _describe(module: nn.Module, out: list) -> list:
-    """(name, storage, in-place version, shape) of every parameter and buffer under ``module``, with
-    the names of the submodules between them (a plain walk: module.named_parameters() is 4x slower)."""
-    for tensors in (module._parameters, module._buffers):
-        out.extend((name, t.data_ptr(), t._version, t.shape) for name, t in tensors.items() if t is not None)
-    for name, child in module._modules.items():
-        if child is not None:
-            out.append(name)
-            _describe(child, out)
-    return out
-
-
-def weights_key(model: nn.Module) -> tuple:
-    """What a plan depends on: the name, storage, in-place version and shape of every tensor of the model.
-
-    Any change means a plan (and the graphs that captured it) may read stale weights: a replaced
-    tensor, a moved or converted model (new storage: the plan keeps the old one alive, so its
-    address cannot come back), a renamed or deleted parameter, an in-place update. Metadata only,
-    no device work: about 0.3 ms for LFM2-350M's 126 tensors. Writes through ``.data`` bypass the
-    version counter and are not seen.
-    """
-    return tuple(_describe(model, []))
-
-
 class FusedDecoder:
     """Triton decode step for a :class:`~labkit.model.HybridLM` over a :class:`~labkit.cache.HybridCache`."""
 
@@ -357,6 +334,13 @@ class FusedDecoder:
             )
         if self.pdl and torch.cuda.get_device_capability(device)[0] < 9:
             raise RuntimeError("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
+
+    @property
+    def checked_weights(self) -> tuple | None:
+        """The model's :func:`weights_key` as the latest :meth:`refresh` took it (None before one
+        succeeded): a caller that has just refreshed the decoder (``generate``, through
+        ``fused_decoder``) passes it on instead of taking the key again."""
+        return self._weights
 
     def refresh(self, weights: tuple | None = None) -> bool:
         """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were

@@ -111,10 +111,13 @@ def generate(
 
     _sync(model.device)
     t_setup = time.perf_counter()
+    # a prefix cache's prefill resets the cache itself (zeroing it on a miss; a hit overwrites every
+    # state it reads), so zeroing it here too would be launches for nothing
+    zero = prefix_cache is None
     if cache is None:
-        decoder, cache = pooled_decoder(backend, model, B, T + max_new_tokens)
+        decoder, cache = pooled_decoder(backend, model, B, T + max_new_tokens, zero=zero)
     else:
-        cache.reset()
+        cache.reset(zero=zero)
         cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
         decoder = make_decoder(backend, model, cache)
     _sync(model.device)
@@ -133,7 +136,8 @@ def generate(
     if prefix_cache is None:
         logits = decoder.prefill(input_ids)
     else:
-        pre = prefix_cache.prefill(decoder, input_ids)
+        # a fused decoder took the weights key when it was fetched above (refresh): not taken twice
+        pre = prefix_cache.prefill(decoder, input_ids, weights=getattr(decoder, "checked_weights", None))
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     _sync(model.device)

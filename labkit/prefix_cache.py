@@ -61,21 +61,24 @@ matmul FLOPs; attention's quadratic term and the embedding gather are not counte
 it frees its own bytes (one block of KV plus the recurrent states).
 
 A cache is bound to one model: its configuration, dtype, device and weights
-(:func:`labkit.fused.weights_key`); any other model, or the same model after its weights changed,
+(:func:`labkit.weights.weights_key`); any other model, or the same model after its weights changed,
 is refused with a clear error rather than restoring foreign state.
 """
 
 from __future__ import annotations
 
 import operator
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import torch
 
 from .cache import CacheFullError, HybridCache
-from .fused import weights_key
+from .weights import weights_key
 from .model import HybridLM
 from .ops.mixers import gdn_inputs_ref, short_conv_ref
 
@@ -87,18 +90,50 @@ def _same_objects(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
+def block_key(block: torch.Tensor | list[int] | tuple[int, ...]) -> bytes:
+    """The trie's key of one block of token ids: the bytes of the ids as int64.
+
+    A dict look-up on bytes hashes them in C; a tuple of Python ints costs an int object per token to
+    make (``tolist``) and to hash, ~14 us per 256-token block. int32 and int64 ids give the same key."""
+    if isinstance(block, torch.Tensor):
+        t = block.detach().to("cpu", torch.int64)
+    else:
+        t = torch.tensor(list(block), dtype=torch.int64)
+    return t.contiguous().numpy().tobytes()
+
+
+def _block_keys(host: torch.Tensor, block_size: int) -> list[list[bytes]]:
+    """The :func:`block_key` of every whole block of every row of host ids [B, T], from one buffer:
+    row ``r``'s ``j``-th key covers tokens ``j * block_size .. (j + 1) * block_size``."""
+    B, T = host.shape
+    n = T // block_size
+    data = host[:, : n * block_size].to(torch.int64).contiguous().numpy().tobytes()
+    step, row = block_size * 8, n * block_size * 8
+    return [[data[at : at + step] for at in range(r * row, (r + 1) * row, step)] for r in range(B)]
+
+
+class _Children(dict):
+    """A node's children by :func:`block_key`. A tuple, list or tensor of token ids also finds one
+    with ``[]`` (converted; for tests and debugging): ``get``, the look-up's path, takes bytes only."""
+
+    def __missing__(self, key: Any) -> "_Node":
+        if isinstance(key, (tuple, list, torch.Tensor)):
+            return self[block_key(key)]
+        raise KeyError(key)
+
+
 @dataclass(eq=False)
 class _Node:
     """The state after the blocks on the path from the root to this node, for one sequence."""
 
     parent: "_Node | None"
-    block: tuple[int, ...]  # the tokens of the edge into this node (empty at the root)
+    block: bytes  # block_key of the tokens of the edge into this node (empty at the root)
     depth: int  # blocks from the root
     keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [kv_heads, bs, head_dim]
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     conv_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [K-1, dim]
     recurrent_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> float32 state
-    children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
+    children: _Children = field(default_factory=_Children)  # block_key -> node
     last_used: int = 0
     has_states: bool = True  # False: the block's KV only (admission "ends"): a way through, not a hit
     verified: tuple = ()  # the tensors last checked against this cache's layout (_check_snapshot)
@@ -125,6 +160,59 @@ class _Node:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
+_SNAPSHOT_DICTS = operator.attrgetter("keys", "values", "conv_states", "recurrent_states")
+
+
+def _snapshot_facts(nodes: list[_Node]) -> tuple[tuple, tuple]:
+    """(layers, tensors) of every snapshot dict of ``nodes``, in order: what a restore plan was made
+    from. A few C-level passes, no Python call per node (a hit restores 16 nodes of 48 tensors)."""
+    dicts = list(chain.from_iterable(map(_SNAPSHOT_DICTS, nodes)))
+    return tuple(chain.from_iterable(dicts)), tuple(chain.from_iterable(map(dict.values, dicts)))
+
+
+@dataclass(eq=False)
+class _RestorePlan:
+    """The copies of one restore: for each row's path, every node's KV rows into the cache's block rows,
+    and the deepest node's conv and recurrent states into the row's state buffers, grouped per dtype
+    as (destinations, sources) for one ``torch._foreach_copy_`` each.
+
+    Made once per (cache, nodes restored) and reused by later hits on the same path, while the nodes'
+    snapshot tensors are the very ones it was made from (``layers``, ``held``); it holds the nodes, so
+    their ids, which key it, cannot be reused while it lives; :class:`PrefixCache` drops it when one
+    of them is evicted, and on ``clear``."""
+
+    nodes: tuple[_Node, ...]
+    layers: tuple
+    held: tuple
+    copies: list[tuple[list[torch.Tensor], list[torch.Tensor]]]
+    uses: int = 0
+    graph: Any = None  # a CUDA graph of the copies (PrefixCache.RESTORE_GRAPH_AT), replayed instead
+
+    def copy(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        for dst, src in self.copies:
+            torch._foreach_copy_(dst, src)
+
+
+class _PlanTable:
+    """One PrefixCache's restore plans for one cache, by the ids of the nodes restored (most recent
+    last). Kept in the cache's attachments, so the plans (and the views of the cache's buffers they
+    hold) go with the cache; the PrefixCache holds the table weakly (by identity: not a dict)."""
+
+    __slots__ = ("plans", "__weakref__")
+
+    def __init__(self) -> None:
+        self.plans: OrderedDict[tuple[int, ...], _RestorePlan] = OrderedDict()
+
+
+def _clear_tables(tables: "weakref.WeakSet[_PlanTable]") -> None:
+    """Drop every plan of a PrefixCache that is gone: they hold its nodes' snapshots."""
+    for table in list(tables):
+        table.plans.clear()
+
+
 @dataclass
 class PrefixPrefill:
     logits: torch.Tensor  # [B, vocab] after each row's last prompt token
@@ -139,7 +227,17 @@ class PrefixCache:
     decoder's cache is reset, refilled from the longest cached prefix, and the rest of the prompt is
     prefilled; then decode with ``decoder.step`` as usual. Any backend's decoder works (it needs
     ``.model``, ``.cache`` and ``.prefill``).
+
+    A hit's copies are listed once per (cache, nodes restored) in a :class:`_RestorePlan` and reused
+    by later hits on the same path (the lists cost ~0.1 ms of Python per hit to build on
+    Qwen3.5-0.8B); a plan is dropped when a node on its path is evicted, and by :meth:`clear`.
     """
+
+    # From the RESTORE_GRAPH_AT-th use of a plan on a CUDA device, its copies are captured in a CUDA
+    # graph and replayed (one launch instead of one per dtype's multi-tensor copy, and no Python per
+    # copy list). 0: never. Off by default: not yet measured on a GPU; on a CPU it is never used.
+    RESTORE_GRAPH_AT = 0
+    PLANS_PER_CACHE = 64  # restore plans kept per cache (least recently used dropped)
 
     def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
                  admission: str = "every") -> None:
@@ -162,10 +260,15 @@ class PrefixCache:
                 f"budget_bytes={budget_bytes} is smaller than one snapshot ({self.snapshot_bytes} bytes for "
                 f"block_size={block_size} of {self.cfg.name} in {self.dtype}): nothing could be cached"
             )
-        self.root = _Node(parent=None, block=(), depth=0)
+        self.root = _Node(parent=None, block=b"", depth=0)
         self.nbytes = 0
         self.evictions = 0
         self._clock = 0
+        # restore plans: a table per cache, in the cache's attachments under this key (its token
+        # object, held by the key, is unique to this PrefixCache); the tables are held weakly here
+        self._plans_key = ("labkit.PrefixCache.plans", object())
+        self._plan_tables: weakref.WeakSet[_PlanTable] = weakref.WeakSet()
+        weakref.finalize(self, _clear_tables, self._plan_tables)
 
     def _snapshot_bytes(self) -> int:
         """The bytes of one snapshot, from the cache's own layout (a one-sequence, one-block cache)."""
@@ -173,11 +276,12 @@ class PrefixCache:
         return probe.nbytes() - probe.lengths.numel() * probe.lengths.element_size()
 
     # -- look-up -------------------------------------------------------------------------------------
-    def _path(self, tokens: list[int], max_blocks: int) -> list[_Node]:
-        """The cached nodes along ``tokens``' blocks, at most ``max_blocks`` deep, root excluded."""
-        bs, node, path = self.block_size, self.root, []
-        for j in range(max_blocks):
-            node = node.children.get(tuple(tokens[j * bs : (j + 1) * bs]))
+    def _path(self, keys: list[bytes], max_blocks: int) -> list[_Node]:
+        """The cached nodes along a prompt's block keys (:func:`_block_keys`), at most ``max_blocks``
+        deep, root excluded: one dict look-up per block."""
+        node, path = self.root, []
+        for key in keys[:max_blocks]:
+            node = node.children.get(key)
             if node is None:
                 break
             path.append(node)
@@ -193,8 +297,9 @@ class PrefixCache:
 
     def lookup(self, tokens: torch.Tensor | list[int]) -> int:
         """How many tokens of a one-sequence prompt ``prefill`` would restore (a multiple of block_size)."""
-        tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-        return max(self._stated_depths(self._path(tokens, self._usable_blocks(len(tokens)))), default=0) * self.block_size
+        host = tokens.detach().cpu() if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens), dtype=torch.int64)
+        keys = _block_keys(host.reshape(1, -1), self.block_size)[0]
+        return max(self._stated_depths(self._path(keys, self._usable_blocks(host.numel()))), default=0) * self.block_size
 
     def __len__(self) -> int:
         """Nodes held: snapshots (with admission "ends", also blocks of KV alone)."""
@@ -206,8 +311,9 @@ class PrefixCache:
         return count
 
     # -- checks --------------------------------------------------------------------------------------
-    def _check(self, decoder: Any, input_ids: torch.Tensor) -> tuple[HybridLM, HybridCache, list, tuple]:
-        """The model and cache, the prompt's rows on the host and the model's weights key, once the
+    def _check(self, decoder: Any, input_ids: torch.Tensor,
+               weights: tuple | None = None) -> tuple[HybridLM, HybridCache, list, tuple]:
+        """The model and cache, the block keys of the prompt's rows and the model's weights key, once the
         decoder, its cache and the prompt are found to fit this PrefixCache (else an error)."""
         model, cache = getattr(decoder, "model", None), getattr(decoder, "cache", None)
         if not isinstance(model, HybridLM) or not isinstance(cache, HybridCache):
@@ -222,7 +328,7 @@ class PrefixCache:
                 f"this PrefixCache holds {self.dtype} snapshots on {self.device}; the model is {model.dtype} "
                 f"on {model.device}: make a PrefixCache for that model"
             )
-        key = weights_key(model)
+        key = weights_key(model) if weights is None else weights
         if key != self._weights:
             raise ValueError(
                 "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
@@ -236,7 +342,7 @@ class PrefixCache:
         # is checked here: a one-token tail is not checked by the model, and a longer one is not
         # checked again (prefill_continuation(ids_checked=True))
         host = input_ids.cpu()
-        lo, hi = int(host.min()), int(host.max())
+        lo, hi = map(int, torch.aminmax(host))  # one reduction for both ends
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")
         if cache.cfg != self.cfg or cache.dtype != self.dtype:
@@ -252,22 +358,24 @@ class PrefixCache:
                 f"the prompt has {T} tokens but the decoder's cache holds max_len={cache.max_len}; "
                 "make a larger cache with model.new_cache(batch_size, max_len=...)"
             )
-        return model, cache, host.tolist(), key
+        return model, cache, _block_keys(host, self.block_size), key
 
     # -- prefill -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, decoder: Any, input_ids: torch.Tensor) -> PrefixPrefill:
+    def prefill(self, decoder: Any, input_ids: torch.Tensor, *, weights: tuple | None = None) -> PrefixPrefill:
         """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
         return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
-        snapshots change if the decoder's model is not this cache's, or the prompt does not fit."""
+        snapshots change if the decoder's model is not this cache's, or the prompt does not fit.
+        ``weights``: the model's :func:`~labkit.weights.weights_key`, from a caller that has just
+        taken it (``generate``, from the decoder it refreshed); else it is taken here."""
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
-        model, cache, rows, key = self._check(decoder, input_ids)
+        model, cache, keys, key = self._check(decoder, input_ids, weights)
         input_ids = input_ids.to(model.device)
         B, T = input_ids.shape
         bs = self.block_size
         usable = self._usable_blocks(T)
-        paths = [self._path(row, usable) for row in rows]
+        paths = [self._path(row, usable) for row in keys]
         stated = [self._stated_depths(p) for p in paths]
         row_hits = [max(d, default=0) * bs for d in stated]
         hit_blocks = max(set.intersection(*stated), default=0)  # a depth where every row can stop
@@ -276,12 +384,12 @@ class PrefixCache:
             for node in path:
                 node.last_used = self._clock
 
-        restore = [p[:hit_blocks] for p in paths]
-        for node in {id(n): n for p in restore for n in p}.values():
-            self._check_snapshot(node, cache)  # before the reset: a bad snapshot leaves the cache as it was
+        # the plan checks the snapshots (before the reset: a bad one leaves the cache as it was)
+        plan = self._plan(cache, [p[:hit_blocks] for p in paths]) if hit_blocks else None
         cache.reset(zero=not hit_blocks)  # a restore overwrites every state: zeroing them first is wasted launches
-        if hit_blocks:
-            self._restore(cache, restore)
+        if plan is not None:
+            plan.copy()
+            cache.advance(hit_blocks * bs)
         # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}
@@ -295,7 +403,7 @@ class PrefixCache:
         else:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if getattr(decoder, "prefill_cores", None) is None:
-            logits = self._prefill_block_by_block(decoder, cache, input_ids, rows, start, current, pinned, admit)
+            logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit)
         elif start and T - start < bs and hasattr(decoder, "prefill_continuation"):
             # no boundary to read: replayable; the ids and the weights were checked here already
             logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key)
@@ -306,11 +414,11 @@ class PrefixCache:
                 at = start + j * bs
                 for r in range(B):
                     conv, recurrent = boundaries.row(r, j) if j in admit[r] else ({}, {})
-                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][at : at + bs]), pinned,
+                    current[r] = self._snapshot(cache, r, current[r], keys[r][at // bs], pinned,
                                                 conv, recurrent, j in admit[r])
         return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
 
-    def _prefill_block_by_block(self, decoder: Any, cache: HybridCache, input_ids: torch.Tensor, rows: list,
+    def _prefill_block_by_block(self, decoder: Any, cache: HybridCache, input_ids: torch.Tensor, keys: list,
                                 pos: int, current: list, pinned: set[int], admit: list[set[int]]) -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
         boundary's state read from the cache after the block."""
@@ -324,17 +432,58 @@ class PrefixCache:
                     conv = {i: s[r] for i, s in cache.conv_states.items()}
                     recurrent = {i: s[r] for i, s in cache.recurrent_states.items()}
                     states = (pos - first) // bs in admit[r]
-                    current[r] = self._snapshot(cache, r, current[r], tuple(rows[r][pos:end]), pinned,
+                    current[r] = self._snapshot(cache, r, current[r], keys[r][pos // bs], pinned,
                                                 conv, recurrent, states)
             pos = end
         return logits
 
     def _restore(self, cache: HybridCache, paths: list[list[_Node]]) -> None:
-        """Copy each row's path into the cache: every node's KV block to its positions, the deepest
-        node's conv and recurrent states. Copies are launches, and a hit is timed by them: the
-        pieces go as one multi-tensor copy per dtype (``torch._foreach_copy_``), each piece a
-        contiguous [block, head_dim] row of one head (the cache's [heads, block, head_dim] slice of a
-        row is not contiguous; its per-head rows are), the destinations made once per cache."""
+        """Copy each row's path into the cache (its plan, made or reused) and advance its lengths."""
+        self._plan(cache, paths).copy()
+        cache.advance(len(paths[0]) * self.block_size)
+
+    def _plan(self, cache: HybridCache, paths: list[list[_Node]]) -> _RestorePlan:
+        """The restore plan of ``paths`` (one per row, of equal length) into ``cache``: reused if made
+        before from the same snapshot tensors, else made after checking every node on the paths
+        (:meth:`_check_snapshot`, which raises on a snapshot that does not fit the cache)."""
+        nodes = [n for p in paths for n in p]
+        table = cache.attachments.get(self._plans_key)
+        if table is None:
+            table = cache.attachments[self._plans_key] = _PlanTable()
+            self._plan_tables.add(table)
+        key, plans = tuple(map(id, nodes)), table.plans
+        plan = plans.get(key)
+        layers, held = _snapshot_facts(nodes)
+        if plan is not None and plan.layers == layers and _same_objects(held, plan.held):
+            plans.move_to_end(key)
+        else:
+            for node in {id(n): n for n in nodes}.values():
+                self._check_snapshot(node, cache)
+            plan = plans[key] = _RestorePlan(tuple(nodes), layers, held, self._copies(cache, paths))
+            while len(plans) > self.PLANS_PER_CACHE:
+                plans.popitem(last=False)
+        plan.uses += 1
+        if self.RESTORE_GRAPH_AT and plan.graph is None and plan.uses >= self.RESTORE_GRAPH_AT and cache.device.type == "cuda":
+            plan.graph = self._capture_copies(plan)
+        return plan
+
+    @staticmethod
+    def _capture_copies(plan: _RestorePlan) -> Any:
+        """A CUDA graph of the plan's copies (their sources and destinations never move while the plan
+        lives). Capture only records: the caller replays it (after resetting the cache's lengths)."""
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            for dst, src in plan.copies:
+                torch._foreach_copy_(dst, src)
+        return graph
+
+    def _copies(self, cache: HybridCache, paths: list[list[_Node]]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """Every node's KV block to its positions, the deepest node's conv and recurrent states. Copies
+        are launches, and a hit is timed by them: the pieces go as one multi-tensor copy per dtype
+        (``torch._foreach_copy_``), each piece a contiguous [block, head_dim] row of one head (the
+        cache's [heads, block, head_dim] slice of a row is not contiguous; its per-head rows are), the
+        destinations made once per cache."""
         layers = list(cache.keys)
         dst: dict[torch.dtype, list[torch.Tensor]] = {}
         src: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -350,9 +499,16 @@ class PrefixCache:
             last, rows = path[-1], self._state_destinations(cache, r)
             add([rows["conv", i] for i in last.conv_states], list(last.conv_states.values()))
             add([rows["recurrent", i] for i in last.recurrent_states], list(last.recurrent_states.values()))
-        for dtype in dst:
-            torch._foreach_copy_(dst[dtype], src[dtype])
-        cache.advance(len(paths[0]) * self.block_size)
+        return [(dst[dtype], src[dtype]) for dtype in dst]
+
+    def _drop_plans(self, node: _Node | None = None) -> None:
+        """Forget the restore plans through ``node`` (all of them: None), in every cache's table."""
+        for table in list(self._plan_tables):
+            if node is None:
+                table.plans.clear()
+            else:
+                for key in [k for k, plan in table.plans.items() if any(n is node for n in plan.nodes)]:
+                    del table.plans[key]
 
     @staticmethod
     def _state_destinations(cache: HybridCache, r: int) -> dict[tuple[str, int], torch.Tensor]:
@@ -405,7 +561,7 @@ class PrefixCache:
         node.verified = held_now
 
     # -- storing and eviction ------------------------------------------------------------------------
-    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: tuple[int, ...], pinned: set[int],
+    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: bytes, pinned: set[int],
                   conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor], states: bool = True) -> _Node | None:
         """The node for row ``r`` after ``block`` below ``parent``: found, or stored now from the cache's
         KV of that block and, with ``states``, the row's states at the boundary (``conv``, ``recurrent``:
@@ -463,13 +619,15 @@ class PrefixCache:
                 return False
             victim = min(leaves, key=self._eviction_score)
             del victim.parent.children[victim.block]
+            self._drop_plans(victim)
             self.nbytes -= victim.nbytes
             self.evictions += 1
         return True
 
     def clear(self) -> None:
-        """Drop every snapshot."""
+        """Drop every snapshot, and the restore plans made from them."""
         self.root.children.clear()
+        self._drop_plans()
         self.nbytes = 0
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ from labkit.backends import pooled_decoder
 from labkit.bench.cache import _load, _ids
 from labkit.generate import generate
 from labkit.ops.mixers import attend_ref
-from labkit.prefix_cache import PrefixCache
+from labkit.prefix_cache import PrefixCache, _block_keys
 
 out = sys.argv[1]
 DRY = os.environ.get("DRY_RUN") == "1"
@@ -62,7 +62,7 @@ rows["no cache: generate TTFT (fused+graph)"] = statistics.median(nocache)
 rows["pc._check"] = timed(lambda i: pc._check(dec, ids[i]))
 from labkit.fused import weights_key
 rows["weights_key"] = timed(lambda i: weights_key(m))
-node_paths = [pc._path(ids[i][0].tolist(), PREFIX // BLOCK) for i in range(REPS)]
+node_paths = [pc._path(_block_keys(ids[i].cpu(), BLOCK)[0], PREFIX // BLOCK) for i in range(REPS)]
 def restore(i):
     dec.cache.reset(zero=False); pc._restore(dec.cache, [node_paths[i]])
 rows["reset + _restore (16 nodes)"] = timed(restore)
