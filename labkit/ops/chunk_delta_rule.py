@@ -67,12 +67,17 @@ three times the plain walk's arithmetic, for ``segments`` times its parallelism,
 :func:`prefill_split` turns it on only where heads alone cannot fill the GPU.
 
 A call whose sequences are all at most one chunk long (a prefix-cache hit's tail: the restored
-state is S0 and the new tokens fit one chunk) is launch-bound: the kernels above cost ~21 us a layer
-on the H200 for 64 tokens at batch 1. ``_single_chunk_kernel`` does the same sums in one launch, one
-program per (sequence, value head, block of value columns): the solve (``_solve_chunk``, through
-the program's own scratch rows), then U = U0 - W S0, O and S_C as above, in registers. It is
-chunk_delta_rule's default where every sequence fits a chunk and sequences x value heads is at most
-the SM count (``single_chunk``; :func:`use_single_chunk`).
+state is S0 and the new tokens fit one chunk) runs four dependent kernels of a few microseconds
+each. ``_single_chunk_kernel`` does the same sums in one launch, one program per (sequence, value
+head, block of value columns): the solve (``_solve_chunk``, through the program's own scratch rows),
+then U = U0 - W S0, O and S_C as above, in registers. It is chunk_delta_rule's default where every
+sequence fits a chunk and sequences x value heads is at most the SM count (``single_chunk``;
+:func:`use_single_chunk`). Measured on the H200 (64-token tail after 4,096 restored tokens, 16
+heads, K = V = 128; data/bench/nvidia-h200/hit-timeline.json, and as committed in 158eaee for the
+four kernels): 22.4 us
+of kernel time a layer against 18.3 us for the four kernels, yet the tail's graph replay 2.27 ms
+against 2.30 (the four kernels' gaps) and 54 launches fewer for an eager tail. Its one program per
+head holds a whole [64, 128] chunk: that, not the launches, is what to tune next.
 
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
@@ -157,9 +162,8 @@ WALK_WARPS = 4
 SPLIT_BY_DEFAULT = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the deferred outputs (each re-reads its Q and P)
 # The single-chunk path (chunk_delta_rule's ``single_chunk``): value columns per program (the whole
-# head of Qwen3.5's 128) and warps. On the H200 a 64-token tail at batch 1 (16 heads, K = V = 128)
-# took ~12 us in one kernel against ~21 us through the multi-kernel path (an earlier build of the
-# same design; tools/gpu_experiments/gdn-tail.sh times this one).
+# head of Qwen3.5's 128) and warps: untuned (the module docstring has its measured cost;
+# tools/gpu_experiments/gdn-tail.sh times the variants).
 SINGLE_BLOCK_V = 128
 SINGLE_WARPS = 4
 
