@@ -7,7 +7,8 @@ machine without one, and report registers, spills and shared memory per kernel v
 The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
 prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without
-the sequence split, and the single-chunk kernel (sequences of <= 64 tokens). Like compile-check, it replaces Triton's driver: run it as its own process.
+the sequence split, and the single-chunk kernel (sequences of <= 64 tokens). Like compile-check,
+it replaces Triton's driver: run it as its own process.
 """
 
 from __future__ import annotations

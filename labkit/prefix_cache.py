@@ -474,8 +474,7 @@ class PrefixCache:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(graph):
-            for dst, src in plan.copies:
-                torch._foreach_copy_(dst, src)
+            plan.copy()  # plan.graph is still None: its multi-tensor copies are what is recorded
         return graph
 
     def _copies(self, cache: HybridCache, paths: list[list[_Node]]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:

@@ -82,16 +82,16 @@ def test_packed_prompts_with_checkpoints(split):
     assert row == ckpt.shape[0]
 
 
-def test_cuda_graph_replay_sees_new_inputs():
-    """Captured once (no read-back of cu_seqlens during the capture), replayed on new data."""
-    lengths = [700, 1, 3000]
-    q, k, v, g, beta, state = _inputs(sum(lengths), seed=3, sequences=3)
+def _graph_replay_matches_ref(lengths, seed, **options):
+    """Capture chunk_delta_rule over packed ``lengths`` once (no read-back of cu_seqlens during the
+    capture), replay it on fresh inputs into poisoned outputs, and compare each sequence with the
+    reference."""
+    q, k, v, g, beta, state = _inputs(sum(lengths), seed=seed, sequences=len(lengths))
     cu = torch.tensor([0] + lengths, device="cuda").cumsum(0)
-    out = torch.empty_like(v)
-    final = torch.empty_like(state)
+    out, final = torch.empty_like(v), torch.empty_like(state)
 
     def call():
-        chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, out=out, final_state=final, split=0)
+        chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, out=out, final_state=final, **options)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -101,17 +101,26 @@ def test_cuda_graph_replay_sees_new_inputs():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    fresh = _inputs(sum(lengths), seed=4, sequences=3)
+    fresh = _inputs(sum(lengths), seed=seed + 1, sequences=len(lengths))
     for buf, new in zip((q, k, v, g, beta, state), fresh):
         buf.copy_(new)
     out.fill_(float("nan"))
+    final.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     t = 0
     for i, n in enumerate(lengths):
-        o_ref, s_ref = _ref(*(x[:, t:t + n] for x in fresh[:5]), fresh[5][i:i + 1])
-        assert rel_err(out[:, t:t + n], o_ref) < BOUND and rel_err(final[i:i + 1], s_ref) < BOUND
+        if n:
+            o_ref, s_ref = _ref(*(x[:, t:t + n] for x in fresh[:5]), fresh[5][i:i + 1])
+            assert rel_err(out[:, t:t + n], o_ref) < BOUND and rel_err(final[i:i + 1], s_ref) < BOUND, i
+        else:
+            assert torch.equal(final[i], fresh[5][i]), i
         t += n
+
+
+def test_cuda_graph_replay_sees_new_inputs():
+    """The multi-kernel path, captured once and replayed on new data."""
+    _graph_replay_matches_ref([700, 1, 3000], seed=3, split=0)
 
 
 def test_agrees_with_fla():
@@ -192,33 +201,6 @@ def test_single_chunk_tail(lengths, single):
 
 
 def test_single_chunk_graph_replay():
-    """Captured in a CUDA graph (no read-back of cu_seqlens: 4 sequences, 64 tokens in all, so
-    the automatic choice needs no lengths), replayed on new data."""
-    lengths = [1, 40, 0, 23]
-    q, k, v, g, beta, state = _inputs(sum(lengths), seed=7, sequences=4)
-    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0)
-    out, final = torch.empty_like(v), torch.empty_like(state)
-
-    def call():
-        chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, out=out, final_state=final)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    fresh = _inputs(sum(lengths), seed=8, sequences=4)
-    for buf, new in zip((q, k, v, g, beta, state), fresh):
-        buf.copy_(new)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    t = 0
-    for i, n in enumerate(lengths):
-        if n:
-            o_ref, s_ref = _ref(*(x[:, t:t + n] for x in fresh[:5]), fresh[5][i:i + 1])
-            assert rel_err(out[:, t:t + n], o_ref) < BOUND and rel_err(final[i:i + 1], s_ref) < BOUND
-        t += n
+    """The single-chunk path chosen automatically under capture (4 sequences, 64 tokens in all, so
+    the choice needs no lengths), replayed on new data."""
+    _graph_replay_matches_ref([1, 40, 0, 23], seed=7)

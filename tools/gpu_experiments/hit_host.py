@@ -1,16 +1,14 @@
 """The host side of a prefix-cache hit, broken down: where the Python time of PrefixCache.prefill goes.
 
-A hit on Qwen3.5-0.8B (4,096 cached + 64 new tokens, fused+graph, H200) takes ~4.1 ms to first token,
-of which ~0.4 ms was Python on the host: the look-up, the checks, building the restore's copy lists,
-the weights key. This script times those pieces alone with time.perf_counter (medians of REPS calls,
+A hit on Qwen3.5-0.8B (4,096 cached + 64 new tokens, fused+graph, H200) takes ~3.3 ms, of which
+~0.9 ms is the host side (data/bench/nvidia-h200/hit-host.json): the look-up, the checks, the
+restore plan, the weights key, the copies. This script times those pieces alone with time.perf_counter (medians of REPS calls,
 device synchronised around each), the multi-tensor copies, the tail's prefill, and the whole hit two
 ways: with the decoder's real tail, and with the tail stubbed out (the host side alone, as a graph
 replay leaves it). cProfile counts the Python calls of the stubbed hit and of each piece.
 
 Runs on cuda if available (MODEL, default qwen3.5-0.8b, bf16, backend fused+graph), else on the CPU
-(tiny-qwen3.5, float32, backend reference). It reads the API of either side of the hit-host branch
-(block-key look-up and restore plans, or the tuple trie before it), so the same script gives the
-before and after figures. Usage: python tools/gpu_experiments/hit_host.py OUT_DIR (writes hit_host.json).
+(tiny-qwen3.5, float32, backend reference). Usage: python tools/gpu_experiments/hit_host.py OUT_DIR (writes hit_host.json).
 """
 
 import cProfile
@@ -28,10 +26,9 @@ from labkit.backends import make_decoder
 from labkit.bench.cache import _ids, _load
 from labkit.prefix_cache import PrefixCache
 
-try:
-    from labkit.weights import weights_key
-except ImportError:  # before the hit-host branch
-    from labkit.fused import weights_key
+from labkit.bench import provenance
+from labkit.hw import device_facts
+from labkit.weights import _describe, weights_key
 
 out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
 os.makedirs(out_dir, exist_ok=True)
@@ -79,9 +76,9 @@ pc.prefill(dec, ids[0])  # the miss that stores the 16 snapshots
 for i in range(1, 3):
     pc.prefill(dec, ids[i])  # hits: compile, capture, make the plans (after the branch)
 sync()
-rows = {"device": DEV, "model": MODEL, "dtype": str(DTYPE), "backend": BACKEND, "prefix": PREFIX, "suffix": SUFFIX,
-        "block": BLOCK, "reps": REPS, "torch": torch.__version__,
-        "api": "block keys + restore plans" if hasattr(pc, "_plan") else "tuple trie, lists per hit"}
+rows = {**provenance(device_facts(DEV, measure=False), "python tools/gpu_experiments/hit_host.py OUT"),
+        "kind": "profile", "model": MODEL, "dtype": str(DTYPE), "backend": BACKEND, "prefix": PREFIX, "suffix": SUFFIX,
+        "block": BLOCK, "reps": REPS, "torch": torch.__version__}
 
 
 class _TailStub:
@@ -103,42 +100,15 @@ hit = lambda i: pc.prefill(dec, ids[i % len(ids)])  # noqa: E731
 rows["hit: pc.prefill, real tail (ms)"] = timed(hit)
 rows["hit: pc.prefill, tail stubbed = host side (ms)"] = timed(lambda i: pc.prefill(stub, ids[i % len(ids)]))
 rows["weights_key (ms)"] = timed(lambda i: weights_key(model))
-if hasattr(weights_key, "__module__") and weights_key.__module__ == "labkit.weights":
-    from labkit.weights import _describe  # the full walk, as every call did before the memo
-
-    rows["weights_key: full walk, no memo (ms)"] = timed(lambda i: _describe(model, []))
+rows["weights_key: full walk, no memo (ms)"] = timed(lambda i: _describe(model, []))  # as before the memo
 rows["lookup: pc.lookup(row) (ms)"] = timed(lambda i: pc.lookup(ids[i % len(ids)][0]))
 rows["check: pc._check (ms)"] = timed(lambda i: pc._check(dec, ids[i % len(ids)]))
 
 cache = dec.cache
-if hasattr(pc, "_plan"):  # after: the plan is made once per (cache, path) and reused
-    keys = pc._check(dec, ids[1])[2]
-    path = pc._path(keys[0], pc._usable_blocks(PREFIX + SUFFIX))
-    build = lambda: pc._plan(cache, [path])  # noqa: E731
-    copy = lambda p: p.copy()  # noqa: E731
-else:  # before: the lists are built on every hit, inside _restore
-    path = pc._path(ids[1][0].tolist(), pc._usable_blocks(PREFIX + SUFFIX))
-
-    def build():
-        layers, dst, src = list(cache.keys), {}, {}
-
-        def add(to, pieces):
-            if pieces:
-                dst.setdefault(pieces[0].dtype, []).extend(to)
-                src.setdefault(pieces[0].dtype, []).extend(pieces)
-
-        for depth, node in enumerate(path):
-            add(pc._kv_destinations(cache, 0, depth), node.kv_rows(layers))
-        last, st = path[-1], pc._state_destinations(cache, 0)
-        add([st["conv", i] for i in last.conv_states], list(last.conv_states.values()))
-        add([st["recurrent", i] for i in last.recurrent_states], list(last.recurrent_states.values()))
-        for node in path:
-            pc._check_snapshot(node, cache)
-        return [(dst[d], src[d]) for d in dst]
-
-    def copy(lists):
-        for d, s in lists:
-            torch._foreach_copy_(d, s)
+keys = pc._check(dec, ids[1])[2]
+path = pc._path(keys[0], pc._usable_blocks(PREFIX + SUFFIX))
+build = lambda: pc._plan(cache, [path])  # noqa: E731  (made once, then reused: what a repeated hit pays)
+copy = lambda p: p.copy()  # noqa: E731
 
 rows["restore: lists / plan (host) (ms)"] = timed(lambda i: build())
 built = build()
@@ -150,7 +120,7 @@ tail = ids[1][:, PREFIX:]
 def run_tail(i):
     cache.reset(zero=False)
     cache.advance(PREFIX)
-    if hasattr(dec, "prefill_continuation"):
+    if hasattr(dec, "prefill_continuation"):  # fused backends; the reference has only prefill
         dec.prefill_continuation(tail, ids_checked=True)
     else:
         dec.prefill(tail)
