@@ -5,12 +5,12 @@
     out = labkit.generate(model, input_ids, max_new_tokens=128, backend="reference")
 """
 
-from . import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
-from .article_cache import ArticleCache
-from .backends import BACKENDS
+from .decode import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
+from .lab.article_cache import ArticleCache
+from .decode.registry import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save
-from .checkpoints import CHECKPOINTS, available_checkpoints, checkpoint_path
+from .shipped import CHECKPOINTS, available_checkpoints, checkpoint_path
 from .config import PRESETS, ModelConfig
 from .generate import GenerationResult, generate
 from .model import HybridLM, build

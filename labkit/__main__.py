@@ -8,7 +8,7 @@ import sys
 
 
 def _notebooks(args: argparse.Namespace) -> int:
-    from .notebooks import cpu_environment, print_summary, run_notebooks
+    from .lab.notebooks import cpu_environment, print_summary, run_notebooks
 
     cpu_environment()
     params = {}
@@ -28,7 +28,7 @@ def _notebooks(args: argparse.Namespace) -> int:
 
 
 def _strip(args: argparse.Namespace) -> int:
-    from .notebooks import drop_injected_parameters
+    from .lab.notebooks import drop_injected_parameters
 
     for path in args.paths:
         print(f"{path}: {'removed the injected-parameters cell' if drop_injected_parameters(path) else 'none'}")
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     own_parsers = {  # commands with their own parser: python -m labkit <command> --help
         "bench": "labkit.bench.cli",
         "tune": "labkit.bench.tune",
-        "compile-check": "labkit.compile_check",
-        "compile-check-prefill": "labkit.compile_check_prefill",
+        "compile-check": "labkit.lab.compile_check",
+        "compile-check-prefill": "labkit.lab.compile_check_prefill",
         "train-tiny": "labkit.train",
     }
     if argv and argv[0] in own_parsers:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
-from .backends import make_decoder, pooled_decoder
+from .decode.registry import make_decoder, pooled_decoder
 from .cache import HybridCache
 from .model import HybridLM
 from .sampling import SamplingParams, sample
@@ -93,7 +93,7 @@ def generate(
 
     Without a ``cache``, the backends that are slow to set up (the fused ones: kernels, graphs)
     keep their decoder and a cache on the model and reuse them in later calls with the same batch
-    and cache bucket (:func:`labkit.backends.pooled_decoder`); others get a fresh cache, just large
+    and cache bucket (:func:`labkit.decode.registry.pooled_decoder`); others get a fresh cache, just large
     enough. A given cache is reset first, and a decoder attached to it is reused.
     """
     if input_ids.dim() == 1:

@@ -200,7 +200,7 @@ class HybridLM(nn.Module):
         else:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
         # What other modules build around these weights and reuse across calls (generate's pooled
-        # decoders and caches, with their captured graphs; see labkit.backends.pooled_decoder).
+        # decoders and caches, with their captured graphs; see labkit.decode.registry.pooled_decoder).
         self.attachments = Attachments()
 
     @property

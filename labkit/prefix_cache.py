@@ -19,7 +19,7 @@ states from the chunk kernel's checkpoints (``checkpoints=`` of
 and the block is a multiple of its 64-token chunk, else by calling the delta rule piece by piece
 between boundaries; the KV blocks are sliced from the cache afterwards. A tail shorter than a block
 after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
-captured per (restored length, tail length) (:meth:`labkit.fused.FusedDecoder.prefill_continuation`).
+captured per (restored length, tail length) (:meth:`labkit.decode.fused.FusedDecoder.prefill_continuation`).
 A decoder without ``prefill_cores`` is run block by block through its own prefill instead.
 Restoring copies stored tensors; a hit gives the logits of no cache at all up to float32 rounding
 (the chunked delta rule restarts its chunks at the restored boundary; the tests hold the
@@ -31,7 +31,7 @@ the cache's buffers in place and advances its lengths, so decoders with captured
 Behaviour at the edges, by design:
 
 - snapshots of the recurrent state are float32 like the cache's (1 MiB per Qwen3.5-0.8B GDN layer
-  per snapshot): exactness is the contract, and :mod:`labkit.snapshot_precision` measures what bf16
+  per snapshot): exactness is the contract, and :mod:`labkit.lab.snapshot_precision` measures what bf16
   snapshots would cost instead;
 - at most ``(T - 1) // block_size`` blocks of a ``T``-token prompt are restored: the last prompt
   token is always run, since its logits are what the caller needs (and no logits are stored); a

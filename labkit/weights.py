@@ -1,6 +1,6 @@
 """A model's weights key: what a plan, a captured graph or a prefix snapshot depends on.
 
-:func:`weights_key` is taken on every prefill (by :meth:`labkit.fused.FusedDecoder.refresh`, by
+:func:`weights_key` is taken on every prefill (by :meth:`labkit.decode.fused.FusedDecoder.refresh`, by
 :class:`labkit.PrefixCache` on every hit), so its cost is paid on every time to first token. Walking
 the module tree and reading every tensor's metadata costs ~0.2-0.3 ms of Python on Qwen3.5-0.8B; a
 prefix-cache hit is ~4 ms in all, so the walk is memoized per model object. The memo is exact: it

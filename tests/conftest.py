@@ -80,8 +80,8 @@ class RecordingGraphs:
 
 @pytest.fixture
 def graphs(monkeypatch):
-    """labkit.fused.GRAPHS replaced by the recording stand-in, for this test."""
-    from labkit import fused
+    """labkit.decode.fused.GRAPHS replaced by the recording stand-in, for this test."""
+    from labkit.decode import fused
 
     stand_in = RecordingGraphs()
     monkeypatch.setattr(fused, "GRAPHS", stand_in)

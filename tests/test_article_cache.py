@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.article_cache import ArticleCache
+from labkit.lab.article_cache import ArticleCache
 
 B, PROMPT, STEPS = 3, 5, 4
 
@@ -134,7 +134,7 @@ def test_bench_rows_and_plot():
     from dataclasses import asdict
 
     from labkit.bench.article_cache import quality_rows, verdict, verdict_markdown
-    from labkit.plots import article_cache_curves
+    from labkit.lab.plots import article_cache_curves
 
     model = _model("tiny-qwen3.5")
     windows = _ids(model, 12)
@@ -197,7 +197,7 @@ def test_kinds_limits_the_approximation_to_those_layers():
 
 def test_core_share_matches_what_the_cache_counts():
     """The prediction helper and the run-time count agree on one exact decode step's core FLOPs."""
-    from labkit.article_cache import core_share_of_step
+    from labkit.lab.article_cache import core_share_of_step
 
     model = _model("tiny-qwen3.5")
     ids = _ids(model, PROMPT + 1)

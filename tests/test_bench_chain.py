@@ -136,7 +136,7 @@ def test_timeline_rows_go_to_a_results_file(monkeypatch, tmp_path):
     """--timeline: the stamped kernels of the first layers, PDL off and on, as a results file (the
     stamps themselves need a GPU: a stand-in returns what timeline() returns)."""
     from labkit.bench.results import write_results
-    from labkit.hw import device_facts
+    from labkit.lab.hw import device_facts
 
     seen = []
 

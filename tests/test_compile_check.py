@@ -26,7 +26,7 @@ def test_the_fused_step_compiles_for_sm90_without_a_gpu():
 
 
 def test_a_process_running_the_interpreter_is_refused(capsys):
-    from labkit import compile_check
+    from labkit.lab import compile_check
     from labkit.ops.launch import interpreting
 
     if not interpreting():

@@ -1,4 +1,4 @@
-"""The time split of a decode step (labkit.diagnosis): parts that sum to the step, none negative,
+"""The time split of a decode step (labkit.lab.diagnosis): parts that sum to the step, none negative,
 bad input refused; the trivial-work twin runs the same ops as the model it mirrors."""
 
 import math
@@ -9,8 +9,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import labkit
-from labkit.backends import make_decoder
-from labkit.diagnosis import split_step_time, trivial_twin
+from labkit.decode.registry import make_decoder
+from labkit.lab.diagnosis import split_step_time, trivial_twin
 
 
 @pytest.mark.parametrize("step,busy,kernels,launch_us", [(14.2, 1.6, 916, 6.4), (3.0, 0.0, 0, 9.8), (5.0, 5.0, 0, 1.0),
@@ -71,7 +71,7 @@ def test_trivial_twin_runs_the_same_ops(preset):
 
 
 def test_busy_fraction_covers_overlaps_once_and_splits_across_bins():
-    from labkit.plots import busy_fraction
+    from labkit.lab.plots import busy_fraction
 
     spans = [("mlp", 0.0, 5.0), ("mlp", 2.0, 2.0), ("norm", 8.0, 4.0), ("norm", 19.0, 1.0)]
     assert busy_fraction(spans, 10.0) == pytest.approx([0.7, 0.3])
@@ -81,7 +81,7 @@ def test_busy_fraction_covers_overlaps_once_and_splits_across_bins():
 
 
 def test_profile_decode_times_repeated_positions_and_a_fresh_step():
-    from labkit.profile import profile_decode
+    from labkit.lab.profile import profile_decode
 
     model = labkit.build("tiny-lfm2", dtype=torch.float32)
     p = profile_decode(model, batch=1, context=5, steps=2, warmup=1, rounds=2, fresh_steps=1)

@@ -3,7 +3,7 @@ states (one stage: nothing overlaps; enough stages: the slower of consuming and 
 
 import pytest
 
-from labkit.diagrams import tma_pipeline_schedule
+from labkit.lab.diagrams import tma_pipeline_schedule
 
 
 def _period(stages, lat, transfer, consume, rounds=10):

@@ -16,7 +16,7 @@ import torch
 
 import labkit
 from conftest import rel_err
-from labkit.backends import make_decoder
+from labkit.decode.registry import make_decoder
 
 CASES = [
     ("tiny-lfm2", torch.float32, 3),
@@ -93,7 +93,7 @@ def test_generate_with_the_fused_backend_equals_reference(device):
     # the decoder (and on a GPU its graphs) is kept with the cache and reused after cache.reset()
     again = labkit.generate(model, prompt, max_new_tokens=5, backend="fused", cache=cache).tokens
     assert torch.equal(again, want)
-    assert sum(1 for k in cache.attachments if k[0] == "labkit.fused") == 1
+    assert sum(1 for k in cache.attachments if k[0] == "labkit.decode.fused") == 1
 
 
 def test_fused_decoder_refuses_a_full_cache(device):

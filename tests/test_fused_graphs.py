@@ -1,7 +1,7 @@
 """The graph backends' own code paths, on a CPU: capture, replay, reuse across generate calls, and
 recapture when the weights change.
 
-CUDA graphs need a GPU, so ``labkit.fused.GRAPHS`` (the one seam) is replaced by a stand-in whose
+CUDA graphs need a GPU, so ``labkit.decode.fused.GRAPHS`` (the one seam) is replaced by a stand-in whose
 capture records the step without running it and whose replay re-runs it. Like a real graph, a
 recording binds the plan it was made with: replaying it after a parameter was replaced would read
 the old tensor, so a missing recapture shows up as wrong tokens. Without the stand-in the graph
@@ -14,8 +14,8 @@ from torch import nn
 
 import labkit
 from conftest import random_prompt, rel_err
-from labkit import fused
-from labkit.backends import make_decoder, release_pooled
+from labkit.decode import fused
+from labkit.decode.registry import make_decoder, release_pooled
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import backends
+from labkit.decode import registry as backends
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.notebooks import INJECTED, notebook_paths, run_notebooks
+from labkit.lab.notebooks import INJECTED, notebook_paths, run_notebooks
 
 pytest.importorskip("papermill")
 
@@ -89,7 +89,7 @@ def test_auto_models_and_loading_by_name(monkeypatch, tmp_path):
     import torch
 
     import labkit
-    from labkit.notebooks import default_models, load_model
+    from labkit.lab.notebooks import default_models, load_model
 
     assert default_models(on_gpu=True) == ["lfm2-350m", "qwen3.5-0.8b"]
     monkeypatch.setenv("LABKIT_CHECKPOINTS", str(tmp_path))  # no shipped checkpoints here
@@ -110,7 +110,7 @@ def test_a_parameter_no_notebook_has_is_refused_before_running(tmp_path):
 
 
 def test_value_range_prints_one_value_where_the_extremes_print_the_same():
-    from labkit.notebooks import value_range
+    from labkit.lab.notebooks import value_range
 
     assert value_range([8.21, 8.24], unit="%") == "8.2%"
     assert value_range([8.21, 8.26], unit="%") == "8.2% to 8.3%"

@@ -338,7 +338,7 @@ def test_benchmark_needs_a_gpu():
 
 
 def test_kernels_compile_for_sm90_at_real_shapes():
-    """Through Triton's real compiler and ptxas (python -m labkit.compile_check_prefill), which the
+    """Through Triton's real compiler and ptxas (python -m labkit.lab.compile_check_prefill), which the
     interpreter never exercises: every kernel of both paths and the single-chunk kernel, at H = 16,
     K = V = 128, bf16."""
     import os
@@ -349,7 +349,7 @@ def test_kernels_compile_for_sm90_at_real_shapes():
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-m", "labkit.compile_check_prefill"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "labkit.lab.compile_check_prefill"], capture_output=True, text=True,
                          env=env, cwd=root, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "for sm_90" in run.stdout and "; 0 failures" in run.stdout

@@ -11,7 +11,7 @@ import torch
 
 import labkit
 from conftest import rel_err
-from labkit.backends import make_decoder
+from labkit.decode.registry import make_decoder
 from labkit.cache import HybridCache
 
 BS = 8  # block size

@@ -15,11 +15,12 @@ import torch
 
 import labkit
 from conftest import RecordingGraphs, rel_err
-from labkit import fused, workloads
-from labkit.backends import make_decoder
+from labkit.decode import fused
+from labkit.lab import workloads
+from labkit.decode.registry import make_decoder
 from labkit.cache import bytes_by_kind
 from labkit.ops import chunk_delta_rule as chunk_ops
-from labkit.snapshot_precision import snapshot_precision
+from labkit.lab.snapshot_precision import snapshot_precision
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -6,7 +6,7 @@ import torch
 
 import labkit
 from conftest import rel_err
-from labkit.backends import make_decoder
+from labkit.decode.registry import make_decoder
 from labkit.prefix_cache import _PlanTable, _block_keys, block_key
 
 BS = 8

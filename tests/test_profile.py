@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 import torch
 
 import labkit
-from labkit.profile import StepProfile, _attribute_kernels, _without_kineto_markers, profile_decode
+from labkit.lab.profile import StepProfile, _attribute_kernels, _without_kineto_markers, profile_decode
 
 CPU, GPU = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 

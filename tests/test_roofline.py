@@ -1,4 +1,4 @@
-"""labkit.roofline's byte counts against the real cache, the copy-time fit, and the state-vs-KV crossing
+"""labkit.lab.roofline's byte counts against the real cache, the copy-time fit, and the state-vs-KV crossing
 (the numbers notebook 00 teaches with)."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 
 import labkit
 from labkit.bench.hardware import HwRow, copy_sweep, fit_fixed_cost
-from labkit.plots import byte_parts, crossing_context
-from labkit.roofline import cache_buffer_bytes, layer_costs
+from labkit.lab.plots import byte_parts, crossing_context
+from labkit.lab.roofline import cache_buffer_bytes, layer_costs
 
 
 @pytest.mark.parametrize("name", ["tiny-lfm2", "tiny-qwen3.5", "lfm2-350m", "qwen3.5-0.8b"])

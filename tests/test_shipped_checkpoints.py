@@ -15,7 +15,7 @@ import torch
 import labkit
 from conftest import rel_err
 from labkit import train as T
-from labkit.checkpoints import checkpoints_dir
+from labkit.shipped import checkpoints_dir
 from labkit.tokenizer import ByteTokenizer
 from labkit.train.cli import parser
 

@@ -1,4 +1,4 @@
-"""labkit.timing.measure, the one timer: medians per call, untimed set-up, clear refusals (CPU here;
+"""labkit.lab.timing.measure, the one timer: medians per call, untimed set-up, clear refusals (CPU here;
 the GPU paths run in tests/gpu and every benchmark)."""
 
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from labkit.timing import cold_l2_copies, measure
+from labkit.lab.timing import cold_l2_copies, measure
 
 
 def test_per_call_median_over_a_rotation_and_setup_is_not_timed():

@@ -3,7 +3,7 @@
 import torch
 
 import labkit
-from labkit import fused
+from labkit.decode import fused
 from labkit.weights import _MEMOS, _describe, weights_key
 
 

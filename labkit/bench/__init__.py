@@ -9,7 +9,7 @@
 Modules: :mod:`~labkit.bench.decode` (decode and prefill, labkit's backends and peers),
 :mod:`~labkit.bench.ops` (single ops at the real shapes), :mod:`~labkit.bench.tune` (the sweep
 behind ``data/tuning``), :mod:`~labkit.bench.results` (files and tables). All of them time with
-:func:`labkit.timing.measure`.
+:func:`labkit.lab.timing.measure`.
 """
 
 from .decode import (

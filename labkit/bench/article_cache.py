@@ -1,6 +1,6 @@
 """``python -m labkit bench article-cache``: what the article's two-level cache saves and what it costs.
 
-Two measurements per threshold (see labkit.article_cache for the cache and how work is counted):
+Two measurements per threshold (see labkit.lab.article_cache for the cache and how work is counted):
 
 - quality, on the shipped byte-level checkpoints (trained weights, float32): the held-out windows
   kept in each checkpoint's training record are decoded token by token, teacher-forced, once on
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..article_cache import DEFAULT_EMA_RATE, DEFAULT_THRESHOLD, GDN_SKIP_BOUND, KINDS, ArticleCache
+from ..lab.article_cache import DEFAULT_EMA_RATE, DEFAULT_THRESHOLD, GDN_SKIP_BOUND, KINDS, ArticleCache
 from ..model import HybridLM
 
 THRESHOLDS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
@@ -192,7 +192,7 @@ def heldout_windows(checkpoint: str, n: int, tokens: int) -> torch.Tensor:
     """``n`` held-out windows of ``tokens`` tokens: the windows kept in a shipped checkpoint's training
     record, each cut into consecutive pieces of ``tokens`` (a decode step costs about the same at any
     small batch, so more, shorter windows measure more text in the same time)."""
-    from ..checkpoints import checkpoint_path
+    from ..shipped import checkpoint_path
     from ..train import unpack_windows
 
     record = json.loads((checkpoint_path(checkpoint) / "training.json").read_text())
@@ -217,7 +217,7 @@ def repeated_windows(windows: torch.Tensor, period: int) -> torch.Tensor:
 
 def run(args) -> list[ArticleCacheRow]:
     from .. import load
-    from ..checkpoints import checkpoint_path
+    from ..shipped import checkpoint_path
     from ..model import build
 
     device = torch.device(args.device)

@@ -7,10 +7,10 @@ Three experiments, each row checked against the run without a prefix cache:
   prefix cache, on the first request (a miss that stores the snapshots), on the first hit (with
   ``fused+graph``: captures the tail's prefill) and on later hits (median); the greedy tokens of every
   hit are compared with the run without a cache. A prefix shorter than one block is one of the cases.
-- ``workload``: the request streams of :mod:`labkit.workloads` (shared system prompt, multi-turn
+- ``workload``: the request streams of :mod:`labkit.lab.workloads` (shared system prompt, multi-turn
   chats, unrelated prompts) run in order through one PrefixCache per (policy, budget): token hit
   rate, the ceiling an unbounded cache would reach, TTFT, evictions, token mismatches.
-- ``precision``: a bf16 snapshot of the GDN states against float32 (:mod:`labkit.snapshot_precision`).
+- ``precision``: a bf16 snapshot of the GDN states against float32 (:mod:`labkit.lab.snapshot_precision`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import workloads as wl
-from ..backends import pooled_decoder
+from ..lab import workloads as wl
+from ..decode.registry import pooled_decoder
 from ..generate import _sync, generate
 from ..model import HybridLM
 from ..prefix_cache import PrefixCache
-from ..snapshot_precision import snapshot_precision
+from ..lab.snapshot_precision import snapshot_precision
 
 
 @dataclass
@@ -256,7 +256,7 @@ def print_row(r) -> None:
 
 def _load(name: str, device: str, dtype: torch.dtype) -> HybridLM:
     """A preset with random weights or a shipped checkpoint."""
-    from ..checkpoints import CHECKPOINTS, checkpoint_path
+    from ..shipped import CHECKPOINTS, checkpoint_path
     from ..config import PRESETS
     from ..checkpoint import load
     from ..model import build
@@ -307,7 +307,7 @@ def replay_stream(model: HybridLM, requests: list[wl.Request], block_size: int, 
     """Only the cache's bookkeeping on a stream: every prompt prefilled through one PrefixCache, no
     decoding, no timing (for the notebook's widget). Returns the token hit rate, its ceiling, the
     bytes held at the end, and evictions."""
-    from ..backends import make_decoder
+    from ..decode.registry import make_decoder
 
     snap = PrefixCache(model, block_size, budget_bytes=2**62).snapshot_bytes
     evict, _, admission = policy.partition("+")

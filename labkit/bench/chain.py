@@ -309,7 +309,7 @@ class Chain:
 
     def time_ms(self, repeats: int = 20) -> float:
         """Milliseconds for one replay of the whole chain (median of ``repeats``)."""
-        from ..timing import measure
+        from ..lab.timing import measure
 
         return measure([b.call for b in self.bound], device=self.model.device, graph=True, repeats=repeats).ms \
             * len(self.bound)
@@ -325,7 +325,7 @@ def groups(ops: Sequence[ChainOp], batch: int) -> dict:
 
 def copies_for(nbytes: int, device: torch.device) -> int:
     """Weight copies that take a sub-chain of ``nbytes`` to ~3x the L2 cache."""
-    from ..timing import cold_l2_copies
+    from ..lab.timing import cold_l2_copies
 
     return cold_l2_copies(nbytes, device, cap=16)
 
@@ -507,7 +507,7 @@ def sweep_key(model: HybridLM, ops: Sequence[ChainOp], batch: int, candidates: S
 
 # -- the CLI ---------------------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
     from ..model import build
     from .results import DATA_DIR, write_results
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..config import PRESETS
-from ..hw import device_facts
+from ..lab.hw import device_facts
 from ..model import HybridLM, build
 from .article_cache import add_arguments as add_article_cache_arguments
 from .article_cache import command_line as article_cache_command
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
         return latency_main(argv[1:])
     args = _parser().parse_args(argv)
     if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
-        from ..notebooks import cpu_environment
+        from ..lab.notebooks import cpu_environment
 
         cpu_environment()
     if args.what == "table":

@@ -1,10 +1,10 @@
 """Decode and prefill, for labkit's backends and for peers measured in the same run.
 
 Steady state (:func:`time_decode`, :func:`time_prefill`): warm up first (compilation, autotuning,
-graph capture, allocator), then time whole runs with :func:`labkit.timing.measure` (CUDA events
+graph capture, allocator), then time whole runs with :func:`labkit.lab.timing.measure` (CUDA events
 around the calls as the host issues them; a host clock on a CPU), median of several runs. Decode
 feeds each step the greedy token of the previous one, so every step depends on the last as in real
-generation. Achieved bandwidth is the bytes a step must move (``labkit.roofline``) over the
+generation. Achieved bandwidth is the bytes a step must move (``labkit.lab.roofline``) over the
 measured step time; "% of roofline" compares tokens/s with bytes / measured copy bandwidth.
 
 As a user sees it (:func:`wall_clock_generate`): ``labkit.generate`` called 1 or N times in a row,
@@ -22,11 +22,11 @@ from typing import Callable
 
 import torch
 
-from ..backends import make_decoder, release_pooled
-from ..hw import DeviceFacts
+from ..decode.registry import make_decoder, release_pooled
+from ..lab.hw import DeviceFacts
 from ..model import HybridLM
-from ..roofline import step_cost
-from ..timing import measure
+from ..lab.roofline import step_cost
+from ..lab.timing import measure
 
 PEERS = ("transformers", "transformers+fla", "transformers+compile")
 
@@ -55,7 +55,7 @@ def labkit_runner(model: HybridLM, backend: str, batch: int, max_len: int) -> Ru
 
 
 def transformers_runner(model: HybridLM, compiled: bool = False) -> Runner:
-    from ..peers import transformers_twin
+    from ..lab.peers import transformers_twin
 
     twin = transformers_twin(model)
     call = torch.compile(twin) if compiled else twin
@@ -139,7 +139,7 @@ class PrefillResult:
     tokens_per_s: float | None = None
     # labkit backends: the first prefill of this length by a new decoder (kernels already compiled),
     # host clock (fused+graph runs a length's first prefill eagerly and captures it the second time,
-    # labkit.fused.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
+    # labkit.decode.fused.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
     first_call_ms: float | None = None
     error: str | None = None
 
@@ -212,7 +212,7 @@ def wall_clock_generate(model: HybridLM, backend: str, ids: torch.Tensor, new_to
     """``labkit.generate(model, ids, new_tokens, backend=backend)`` called ``calls`` times in a row,
     timed as a user sees it: host clock, each call's set-up and prefill included (the fused backends
     make their cache, decoder and CUDA graphs in the first call and reuse them in the next ones, see
-    ``labkit.backends.pooled_decoder``; the first call starts without them, as in a fresh process).
+    ``labkit.decode.registry.pooled_decoder``; the first call starts without them, as in a fresh process).
     ``setup_s`` is the median set-up time ``generate`` reports."""
     from ..generate import generate
 

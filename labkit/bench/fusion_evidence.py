@@ -199,9 +199,9 @@ def host_costs(model: HybridLM, case_name: str = "mlp.gate_up+norm+swiglu", call
     import triton
     import triton.language as tl
 
-    from ..backends import make_decoder
+    from ..decode.registry import make_decoder
     from ..ops import linear as lin
-    from ..profile import profile_decode
+    from ..lab.profile import profile_decode
 
     dev = model.device
     opbench._need_cuda(dev)
@@ -274,7 +274,7 @@ def pdl_timelines(model: HybridLM, batch: int = 1) -> dict:
     """One ``fused+graph`` and one ``fused+graph+pdl`` step under the profiler: each kernel's start
     and duration (µs from the step's first kernel), the step time measured outside the profiler,
     and :func:`timeline_summary` of each."""
-    from ..profile import profile_decode
+    from ..lab.profile import profile_decode
 
     out = {}
     for backend in ("fused+graph", "fused+graph+pdl"):
@@ -289,7 +289,7 @@ def pdl_chain_rows(model: HybridLM, batch: int = 1) -> list[dict]:
     """Each fused projection chained with copies of itself in one graph (cold L2), launched plainly
     and with programmatic dependent launch: µs per kernel of each, same configuration."""
     from ..ops.linear import LinearWorkspace, linear
-    from ..timing import cold_l2_copies, measure
+    from ..lab.timing import cold_l2_copies, measure
 
     rows = []
     for case in opbench.linear_cases(model):
@@ -315,7 +315,7 @@ def norm_prologue_rows(model: HybridLM, batch: int = 1) -> list[dict]:
     """Each projection that carries the RMSNorm prologue, timed with it and without it (same
     configuration, graph, cold L2), and a standalone ``torch.nn.functional.rms_norm`` of its input
     rows in a graph: the kernel the prologue replaces."""
-    from ..timing import measure
+    from ..lab.timing import measure
 
     rows = []
     for case in opbench.linear_cases(model):
@@ -361,7 +361,7 @@ def collect(models: dict[str, HybridLM], parts: Sequence[str] = PARTS, log=print
     """Every part of the evidence for ``models`` (name -> model on a GPU; the Gated DeltaNet parts use
     the first model with GDN layers). A part that fails is recorded as ``{"error": ...}``, and the
     rest still run; ``on_part(doc)`` is called after each (e.g. to write the file as it grows)."""
-    from ..hw import measure_launch_overhead
+    from ..lab.hw import measure_launch_overhead
 
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -408,8 +408,8 @@ def write_evidence(doc: dict, facts, command: str = COMMAND, path=None):
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from ..hw import device_facts
-    from ..notebooks import load_model
+    from ..lab.hw import device_facts
+    from ..lab.notebooks import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="results file (default data/bench/<gpu>/fusion-evidence.json)")

@@ -5,7 +5,7 @@ shape (16 heads, K = V = 128, bf16 q/k/v, float32 log-decays and states) for one
 T = 1,024 ... 65,536 tokens and for a packed batch of 8 x 2,048 (one call with ``cu_seqlens``),
 with and without the sequence split; and fla's ``chunk_gated_delta_rule`` on the same inputs in
 the same run when fla is importable. Each call is captured once in a CUDA graph and replayed
-(:func:`labkit.timing.measure`: CUDA events, median of repeats), so launch overhead is what a
+(:func:`labkit.lab.timing.measure`: CUDA events, median of repeats), so launch overhead is what a
 graph pays. Rows give milliseconds, tokens/s, and the bandwidth implied by the bytes a call must
 move (q, k, v and o, g and beta, the state in and out: the intermediate buffers of either
 implementation are not counted), and labkit's relative RMS difference from fla's output.
@@ -117,7 +117,7 @@ def bench_gdn_prefill(
     if not torch.cuda.is_available():
         raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
     from ..ops.chunk_delta_rule import chunk_delta_rule, prefill_block_v, prefill_split
-    from ..timing import measure
+    from ..lab.timing import measure
     from .decode import _error as error_text
     from .ops import rel_err
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.name:
         import shlex
 
-        from ..hw import device_facts
+        from ..lab.hw import device_facts
         from .results import write_results
 
         command = shlex.join(["python", "-m", "labkit.bench.gdn_prefill", *(argv if argv is not None else sys.argv[1:])])

@@ -4,7 +4,7 @@
   (``torch.neg``), replayed from a CUDA graph over enough copies of the buffers that each call
   streams from HBM (cold L2), for sizes from 1 MB up. A straight line through the points,
   ``t = t0 + bytes / bandwidth``, splits each kernel's time into a fixed cost and streaming.
-- ``bf16 matmul``: the compute roof, an n x n x n matmul (:func:`labkit.hw.measure_bf16_matmul`).
+- ``bf16 matmul``: the compute roof, an n x n x n matmul (:func:`labkit.lab.hw.measure_bf16_matmul`).
 - the state traffic of one layer of each mixer kind (one decode step, from
   :mod:`labkit.bench.ops`): the Gated DeltaNet step (float32 state read and written), the attention
   step at a given context (the KV cache read), the short-conv step (its window); each checked
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..hw import DeviceFacts, device_facts
-from ..timing import cold_l2_copies, measure
+from ..lab.hw import DeviceFacts, device_facts
+from ..lab.timing import cold_l2_copies, measure
 
 COPY_SIZES_MB = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # bytes read per call (as many written)
 CPU_COPY_SIZES_MB = (1, 4, 16)  # a host clock and a CPU: only to keep the code path alive there
@@ -164,7 +164,7 @@ def committed_hardware(gpu: str = "nvidia-h200") -> dict:
 
     Returns {"doc": the file's header (device, date, gpu), "file", "fit_rows", "fit_label", "state_rows"}.
     """
-    from ..notebooks import committed_results
+    from ..lab.notebooks import committed_results
     from .results import DATA_DIR
 
     if (DATA_DIR / gpu / "hw.json").exists():

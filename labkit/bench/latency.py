@@ -170,7 +170,7 @@ def bench_latency(sizes=SIZES, styles=STYLES, steps: int = 4096, repeats: int = 
 
 
 def main(argv: list[str]) -> int:
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
     from .results import DATA_DIR, write_results
 
     p = argparse.ArgumentParser(prog="labkit bench latency", description=__doc__.split("\n\n")[0])

@@ -3,8 +3,8 @@ a decode step runs them (``python -m labkit bench ops``; notebook 02; the GPU te
 
 A decode step streams every weight once, so an op is timed inside a CUDA graph (what the
 ``fused+graph`` step replays) over enough copies of its weights, recurrent state or KV cache that
-nothing is served from the L2 cache (:func:`labkit.timing.measure` with
-:func:`labkit.timing.cold_l2_copies`): ``us`` is what one call costs in the middle of a step, and
+nothing is served from the L2 cache (:func:`labkit.lab.timing.measure` with
+:func:`labkit.lab.timing.cold_l2_copies`): ``us`` is what one call costs in the middle of a step, and
 ``bytes / us`` compares with the measured HBM bandwidth. Three implementations of each projection:
 
 - ``"triton"``: labkit's fused kernel (:mod:`labkit.ops.linear`): norm prologue, epilogue, one
@@ -31,7 +31,7 @@ import torch
 
 from .. import tuning
 from ..model import HybridLM
-from ..timing import cold_l2_copies, measure
+from ..lab.timing import cold_l2_copies, measure
 
 
 def _need_cuda(device: torch.device) -> None:
@@ -432,7 +432,7 @@ def bench_ops(model: HybridLM, batch: int, max_len: int = 4096, bound: float = 1
     torch, cublas), the greedy head, the Gated DeltaNet step (and fla's, where installed),
     attention over ``max_len`` cached positions and the standalone short conv. A check above
     ``bound`` raises: a wrong kernel is not timed. Printed rows compare with ``copy_bytes_per_s``
-    (:func:`labkit.hw.device_facts`' measured copy bandwidth) where it is given."""
+    (:func:`labkit.lab.hw.device_facts`' measured copy bandwidth) where it is given."""
     rows: list[OpTiming] = []
 
     def checked(what: str, err: float) -> float:

@@ -10,9 +10,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..hw import DeviceFacts, versions
+from .. import resources
+from ..lab.hw import DeviceFacts, versions
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "bench"
+DATA_DIR = resources.bench_dir()
 
 
 def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
@@ -90,7 +91,7 @@ def update_readme(readme: Path, docs: list[dict]) -> None:
 
 
 def plot_prefill_file(path: Path, *more: Path) -> Path:
-    """Prefill ms against prompt length (:func:`labkit.plots.prefill_vs_length`) from the prefill rows
+    """Prefill ms against prompt length (:func:`labkit.lab.plots.prefill_vs_length`) from the prefill rows
     of the results file ``path`` and of ``more`` files, drawn to ``path`` with a .png suffix; the
     title names the GPU and the files' dates."""
     import matplotlib
@@ -98,7 +99,7 @@ def plot_prefill_file(path: Path, *more: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..plots import prefill_vs_length
+    from ..lab.plots import prefill_vs_length
 
     missing = [str(p) for p in more if not Path(p).exists()]
     if missing:  # a peer's run that did not finish: plot what there is, and say so

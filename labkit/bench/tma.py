@@ -18,8 +18,8 @@ stream with the SwiGLU epilogue fused (N / 2 outputs), as the decode step runs t
 
 Each is first checked against :func:`labkit.ops.linear.linear_ref` on its output poisoned with NaN
 (a relative error above ``MAX_REL_ERR`` is recorded as a failure and not timed), then timed by
-:func:`labkit.timing.measure` inside a CUDA graph over enough copies of W that each call streams it
-from HBM (:func:`labkit.timing.cold_l2_copies`). The rate is weight bytes / time: what a decode
+:func:`labkit.lab.timing.measure` inside a CUDA graph over enough copies of W that each call streams it
+from HBM (:func:`labkit.lab.timing.cold_l2_copies`). The rate is weight bytes / time: what a decode
 step's projection achieves against the copy bandwidth.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..timing import cold_l2_copies, measure
+from ..lab.timing import cold_l2_copies, measure
 from .ops import rel_err
 
 MAX_REL_ERR = 2e-2  # bf16 outputs of a float32 sum: ~4e-3 expected
@@ -237,7 +237,7 @@ def write_tuning(sweep_path: Path, directory: Path | None = None) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
     from .results import DATA_DIR, write_results
 
     p = argparse.ArgumentParser(prog="labkit bench tma", description=__doc__.split("\n\n")[0])

@@ -141,7 +141,7 @@ def run(models: list[str], batches: list[int], *, out_dir: Path = tuning.TUNING_
     """Tune every key of ``models`` at ``batches`` on ``device`` into ``out_dir/<gpu-slug>.json``
     (``gpu_name``: the device's own name unless given); returns the file, the entries measured and
     how many keys the time limit left untuned."""
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
     from ..ops.launch import num_sms
     from ..ops.linear import tuning_key
 
@@ -187,7 +187,7 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
               "(pdl/placement as recorded); 'us' is per kernel. The LM head's greedy key (argmax) gets the logits "
               "key's configuration, so that both paths sum in the same order. At batch >= 16, 'us.torch' is the same "
               "sub-chain run unfused (linear_unfused: one-kernel norm, cuBLAS matmul, one-kernel epilogue); 'impl': 'torch' where that beat the best "
-              "blocking by more than 3%, and the fused backend then runs it so (labkit.fused).")
+              "blocking by more than 3%, and the fused backend then runs it so (labkit.decode.fused).")
 
 
 def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: int | None = None) -> tuple[list, object, object]:
@@ -232,7 +232,7 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     chain (:func:`labkit.bench.chain.sweep_key`), keeping the table's current configuration and the
     heuristic's among the candidates (first), and write them into ``out_dir/<gpu-slug>.json``; the
     time limit is shared evenly by (model, batch), and within it by key."""
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
     from ..ops.linear import PDL_PLACEMENT, tuning_key
     from .chain import chain_ops, groups, placement_name, sweep_key
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig
-from ..timing import measure
+from ..lab.timing import measure
 from .runtime import Rank
 
 
@@ -159,7 +159,7 @@ def allreduce_job(rank: Rank, args, command: str) -> tuple[dict[str, Any], list[
     if not rank.is_main:
         return None
     from ..bench import provenance
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
 
     doc = dict(**provenance(device_facts(str(rank.device), measure=False), command), kind="allreduce",
                world_size=rank.world_size, nodes=nodes, process_group=rank.backend,

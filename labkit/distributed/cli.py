@@ -102,7 +102,7 @@ def validate(command: str, args: argparse.Namespace) -> None:
             fail(f"need 1 <= --prompt-min <= --prompt-max, got {args.prompt_min} and {args.prompt_max}")
         if args.new_tokens < 1:
             fail(f"--new-tokens must be >= 1, got {args.new_tokens}")
-        from ..checkpoints import CHECKPOINTS, checkpoint_path
+        from ..shipped import CHECKPOINTS, checkpoint_path
         from ..config import PRESETS
 
         for name in args.models:  # other machines check their own copies when the ranks load
@@ -272,7 +272,7 @@ def rank_main(argv: list[str]) -> int:
             print(f"wrote {args.out}", flush=True)
             if args.save:
                 from ..bench import write_results
-                from ..hw import device_facts
+                from ..lab.hw import device_facts
 
                 facts = device_facts(str(rank.device), measure=False)
                 path = write_results(args.name, doc["kind"], rows, facts, command=job_command,

@@ -134,7 +134,7 @@ def start(device: str = "auto", timeout_s: float = 900.0) -> Rank:
         dev, backend = torch.device("cuda", local_rank), "nccl"
         torch.cuda.set_device(dev)
     elif device == "cpu":
-        from ..notebooks import cpu_environment
+        from ..lab.notebooks import cpu_environment
 
         cpu_environment()  # Triton's interpreter for the fused backends, chosen before triton is imported
         dev, backend = torch.device("cpu"), "gloo"

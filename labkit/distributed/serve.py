@@ -67,9 +67,9 @@ def resolve_model(name: str, dtype: torch.dtype, device: torch.device):
     """A shipped checkpoint by name, a preset (seeded random weights, the same on every rank), or a
     checkpoint directory."""
     import labkit
-    from ..checkpoints import CHECKPOINTS
+    from ..shipped import CHECKPOINTS
     from ..config import PRESETS
-    from ..notebooks import load_model
+    from ..lab.notebooks import load_model
 
     if name in CHECKPOINTS or name in PRESETS:
         return load_model(name, dtype, str(device))
@@ -197,7 +197,7 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _backend(name: str, device: torch.device) -> str:
-    from ..backends import BACKENDS
+    from ..decode.registry import BACKENDS
 
     name = ("fused+graph" if device.type == "cuda" else "reference") if name == "auto" else name
     if name not in BACKENDS:
@@ -249,7 +249,7 @@ def serve_job(rank: Rank, args, command: str) -> tuple[dict[str, Any], list[Serv
     if not rank.is_main:
         return None
     from ..bench import provenance
-    from ..hw import device_facts
+    from ..lab.hw import device_facts
 
     doc = dict(**provenance(device_facts(str(rank.device), measure=False), command), kind="serve",
                world_size=rank.world_size, nodes=nodes, process_group=rank.backend, ranks=ranks,

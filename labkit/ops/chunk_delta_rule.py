@@ -1111,7 +1111,7 @@ def chunk_delta_rule(
         lets :func:`prefill_split` decide where ``SPLIT_BY_DEFAULT``, else no split.
     block_v, num_warps, num_stages: the walks' value columns per program (a power of two >= 16),
         warps and software-pipelining stages (default 2) (tuning knobs; the defaults compile for
-        K = V = 128 without spills on sm_90: python -m labkit.compile_check_prefill).
+        K = V = 128 without spills on sm_90: python -m labkit.lab.compile_check_prefill).
     prepare: "fused" (one kernel for the intra-chunk quantities), "split" (the triangular solve,
         then W, U0 and P by separate programs) or "merged" (the split's two kernels in one program
         per chunk: the "rows" inverse, then the "full" products); None: ``PREPARE``.

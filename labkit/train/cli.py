@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checkpoints import checkpoints_dir
+from ..shipped import checkpoints_dir
 from .configs import byte_config
 from .corpus import export_corpus
 from .options import TrainOptions

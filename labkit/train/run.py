@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import load, save
-from ..checkpoints import REPO_ROOT
+from ..resources import REPO_ROOT
 from ..config import ModelConfig
 from ..model import HybridLM, empty_model
 from ..tokenizer import ByteTokenizer

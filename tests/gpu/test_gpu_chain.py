@@ -8,7 +8,7 @@ import torch
 from labkit.bench import chain as ch
 from labkit.ops.linear import RELEASES, PdlPlacement
 
-from .conftest import REAL_PRESETS
+from tests.conftest import REAL_PRESETS
 
 PLACEMENTS = [PdlPlacement(p, r) for p in (True, False) for r in RELEASES]
 
@@ -47,7 +47,7 @@ def test_timeline_shows_every_kernel_in_order(real_model):
 
 
 def test_pdl_decode_with_early_release_matches_plain_graph(real_model, monkeypatch):
-    from labkit.backends import make_decoder
+    from labkit.decode.registry import make_decoder
     from labkit.ops import attention_decode, gated_delta_decode
     from labkit.ops import linear as linear_mod
 

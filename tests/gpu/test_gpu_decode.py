@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import labkit
-from labkit.backends import make_decoder
+from labkit.decode.registry import make_decoder
 from labkit.bench.ops import rel_err
 
-from .conftest import BATCHES, REAL_PRESETS
+from tests.conftest import BATCHES, REAL_PRESETS
 
 STEPS = 32
 PROMPT = 17

@@ -11,7 +11,7 @@ import pytest
 
 from labkit.bench import ops
 
-from .conftest import BATCHES
+from tests.conftest import BATCHES
 
 CALLS = 25
 

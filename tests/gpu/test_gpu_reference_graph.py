@@ -6,10 +6,10 @@ re-runs the Python step on every replay)."""
 import pytest
 import torch
 
-import labkit.reference_graph  # noqa: F401  (registers the backend)
-from labkit.backends import make_decoder
+import labkit.decode.reference_graph  # noqa: F401  (registers the backend)
+from labkit.decode.registry import make_decoder
 
-from .conftest import REAL_PRESETS
+from tests.conftest import REAL_PRESETS
 
 STEPS = 24
 

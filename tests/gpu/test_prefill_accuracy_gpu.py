@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.backends import make_decoder
+from labkit.decode.registry import make_decoder
 from labkit.bench.ops import rel_err
 
 T = 4096

@@ -6,7 +6,7 @@ Timed in a CUDA graph over copies that exceed the L2; prints us and GB/s per cas
 import torch
 
 from labkit import cuda
-from labkit.timing import cold_l2_copies, measure
+from labkit.lab.timing import cold_l2_copies, measure
 
 N, K = 4096, 4096  # 32 MB
 for batch in (1, 16):

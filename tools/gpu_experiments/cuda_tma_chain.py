@@ -13,7 +13,7 @@ from labkit.config import PRESETS
 from labkit.cuda import config_from_repr, tma_linear
 from labkit.model import empty_model
 from labkit.ops.linear import LinearWorkspace, linear
-from labkit.timing import measure
+from labkit.lab.timing import measure
 
 
 def chain_shapes(preset):

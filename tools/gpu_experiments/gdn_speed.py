@@ -27,7 +27,7 @@ ROLE = sys.argv[1]
 RES = Path(sys.argv[2])
 DRY = os.environ.get("GDN_SPEED_DRY") == "1"
 if ROLE == "precompile":
-    from labkit import compile_check as cc
+    from labkit.lab import compile_check as cc
 
     assert cc.compile_only(90)
 elif DRY:
@@ -193,7 +193,7 @@ def lab() -> None:
     log("checked; waiting for fla's timing")
     log("fla timed:", wait_for("fla.timed", 66.0))
 
-    from labkit.timing import measure
+    from labkit.lab.timing import measure
 
     by_name = {r["variant"]: r for r in rows}
     for case in CASES:
@@ -229,7 +229,7 @@ def rope() -> None:
     from labkit.bench.ops import rel_err
     from labkit.ops import prefill_fusions as pf
     from labkit.ops.mixers import norm_rope_ref
-    from labkit.timing import measure
+    from labkit.lab.timing import measure
 
     rows = []
     T, D, rotary = (64, 256, 64) if DRY else (4096, 256, 64)
@@ -276,7 +276,7 @@ def fla() -> None:
         save("fla.json", rows)
         (RES / "fla.timed").touch()
         return
-    from labkit.timing import measure
+    from labkit.lab.timing import measure
 
     data = {case: inputs(*case) for case in CASES}
 

@@ -21,13 +21,13 @@ import time
 
 import torch
 
-from labkit import workloads as wl
-from labkit.backends import make_decoder
+from labkit.lab import workloads as wl
+from labkit.decode.registry import make_decoder
 from labkit.bench.cache import _ids, _load
 from labkit.prefix_cache import PrefixCache
 
 from labkit.bench import provenance
-from labkit.hw import device_facts
+from labkit.lab.hw import device_facts
 from labkit.weights import _describe, weights_key
 
 out_dir = sys.argv[1] if len(sys.argv) > 1 else "."

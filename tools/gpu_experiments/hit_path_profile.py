@@ -6,9 +6,9 @@ DRY_RUN=1: a CPU check of this script (tiny-qwen3.5, 64 + 5 tokens, block 16, gr
 import cProfile, io, json, os, pstats, statistics, sys, time
 from functools import partial
 import torch
-import labkit.fused as fused
-from labkit import workloads as wl
-from labkit.backends import pooled_decoder
+import labkit.decode.fused as fused
+from labkit.lab import workloads as wl
+from labkit.decode.registry import pooled_decoder
 from labkit.bench.cache import _load, _ids
 from labkit.generate import generate
 from labkit.ops.mixers import attend_ref
@@ -60,7 +60,7 @@ for i in range(min(3, REPS)):
     nocache.append(generate(m, ids[i], 1, backend="fused+graph").ttft_s * 1e3)
 rows["no cache: generate TTFT (fused+graph)"] = statistics.median(nocache)
 rows["pc._check"] = timed(lambda i: pc._check(dec, ids[i]))
-from labkit.fused import weights_key
+from labkit.decode.fused import weights_key
 rows["weights_key"] = timed(lambda i: weights_key(m))
 node_paths = [pc._path(_block_keys(ids[i].cpu(), BLOCK)[0], PREFIX // BLOCK) for i in range(REPS)]
 def restore(i):

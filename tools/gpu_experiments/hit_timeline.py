@@ -10,10 +10,10 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 from labkit import PrefixCache
-from labkit.backends import pooled_decoder
+from labkit.decode.registry import pooled_decoder
 from labkit.bench import provenance
 from labkit.bench.cache import _load
-from labkit.hw import device_facts
+from labkit.lab.hw import device_facts
 
 out = sys.argv[1]
 DRY = os.environ.get("DRY_RUN") == "1"

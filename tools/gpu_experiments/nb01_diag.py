@@ -13,11 +13,11 @@ from dataclasses import asdict
 import torch
 
 import labkit
-from labkit.diagnosis import diagnose, graph_experiment
+from labkit.lab.diagnosis import diagnose, graph_experiment
 from labkit.bench.decode import time_decode
 from labkit.bench.results import write_results
-from labkit.hw import device_facts, measure_launch_overhead
-from labkit.profile import profile_prefill
+from labkit.lab.hw import device_facts, measure_launch_overhead
+from labkit.lab.profile import profile_prefill
 
 res = os.environ.get("RES", "/tmp/nb01-res")
 os.makedirs(res, exist_ok=True)
@@ -56,7 +56,7 @@ for job in only:
         diagnoses.append(d)
         if DEVICE == "cuda":  # the committed file notebook 01 reads on a machine without a GPU
             print(write_results("baseline-diagnosis", "diagnosis", diagnoses, facts, data_dir=Path(res),
-                                command="bash tools/gpu_experiments/nb01.sh (labkit.diagnosis.diagnose)"))
+                                command="bash tools/gpu_experiments/nb01.sh (labkit.lab.diagnosis.diagnose)"))
         row = asdict(d)
         row.pop("timeline")
         row["profiler_overhead"] = d.profiler_overhead
@@ -97,7 +97,7 @@ for job in only:
                 prefills.append(pp)
                 if DEVICE == "cuda":
                     write_results("baseline-prefill-profile", "prefill-profile", prefills, facts, data_dir=Path(res),
-                                  command="bash tools/gpu_experiments/nb01.sh (labkit.profile.profile_prefill)")
+                                  command="bash tools/gpu_experiments/nb01.sh (labkit.lab.profile.profile_prefill)")
                 print(f"prefill {n}: {pp}")
         print(f"timeline: {len(tl)} kernels over {row['timeline_span_us']:.0f} us, busy {row['timeline_busy_us']:.0f} us; "
               f"largest gaps {row['largest_gaps_us']}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.bench.results import write_results
-from labkit.hw import device_facts
+from labkit.lab.hw import device_facts
 
 # the article's names, and the real counters for what it meant
 NAMES = ["sm__maximum_warps_avg", "sm__warps_active_avg", "tma__bytes_queried", "tma__throughput",

@@ -188,7 +188,7 @@ def stage_final(res: Path, tag: str, placement: str) -> None:
 
 
 def stage_decode(res: Path, placements: list[str], batches: list[int]) -> None:
-    from labkit.backends import release_pooled
+    from labkit.decode.registry import release_pooled
     from labkit.bench.decode import time_decode
 
     rows = []

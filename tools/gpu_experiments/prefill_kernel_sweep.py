@@ -16,7 +16,7 @@ from labkit.bench.gdn_prefill import _inputs
 from labkit.bench.ops import rel_err
 from labkit.ops.chunk_delta_rule import chunk_delta_rule
 from labkit.ops.delta_rule import delta_rule_recurrent_ref
-from labkit.timing import measure
+from labkit.lab.timing import measure
 
 OUT = sys.argv[1]
 BUDGET = float(sys.argv[2]) if len(sys.argv) > 2 else 80.0

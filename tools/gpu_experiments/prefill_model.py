@@ -19,7 +19,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import labkit
-from labkit.backends import make_decoder
+from labkit.decode.registry import make_decoder
 from labkit.bench.ops import rel_err
 
 OUT, PRESET, LENGTHS = sys.argv[1], sys.argv[2], [int(a) for a in sys.argv[3:]]

@@ -9,7 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+from .. import resources
+
+NOTEBOOK_DIR = resources.notebooks_dir()
 INJECTED = "injected-parameters"  # the tag of the cell papermill adds with a run's parameters
 
 
@@ -169,16 +171,16 @@ def default_models(on_gpu: bool) -> list[str]:
     checkpoints (trained, so their text is readable) where present, else the tiny random presets."""
     if on_gpu:
         return ["lfm2-350m", "qwen3.5-0.8b"]
-    from .checkpoints import available_checkpoints
+    from ..shipped import available_checkpoints
 
     return available_checkpoints() or ["tiny-lfm2", "tiny-qwen3.5"]
 
 
 def load_model(name: str, dtype, device: str, seed: int = 0):
-    """A shipped checkpoint by name (``labkit.checkpoints.CHECKPOINTS``), else a preset with seeded
+    """A shipped checkpoint by name (``labkit.shipped.CHECKPOINTS``), else a preset with seeded
     random weights (``labkit.build``)."""
     import labkit
-    from .checkpoints import CHECKPOINTS, checkpoint_path
+    from ..shipped import CHECKPOINTS, checkpoint_path
 
     if name in CHECKPOINTS:
         return labkit.load(checkpoint_path(name), dtype=dtype, device=device)
@@ -191,7 +193,7 @@ REFERENCE_GPU = "nvidia-h200"  # the GPU whose committed results a notebook teac
 def committed_results(name: str, gpu: str = REFERENCE_GPU) -> dict:
     """A committed results file, ``data/bench/<gpu>/<name>.json`` (GPU, versions, date, command and
     rows), for a notebook to read its numbers from instead of typing them."""
-    from .bench.results import DATA_DIR
+    from ..bench.results import DATA_DIR
 
     path = DATA_DIR / gpu / f"{name}.json"
     if not path.exists():

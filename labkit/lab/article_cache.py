@@ -82,9 +82,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import HybridCache
-from .model import Attention, GatedDeltaNet, HybridLM
-from .ops.mixers import REFERENCE_CORES, MixerCores
+from ..cache import HybridCache
+from ..model import Attention, GatedDeltaNet, HybridLM
+from ..ops.mixers import REFERENCE_CORES, MixerCores
 
 DEFAULT_THRESHOLD = 0.10  # the article's "less than 10%"
 DEFAULT_EMA_RATE = 0.5

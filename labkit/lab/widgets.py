@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from . import plots
-from .config import PRESETS
+from ..config import PRESETS
 
 
 def roofline_explorer(bytes_per_s: float, flops_per_s: float, presets=("lfm2-350m", "qwen3.5-0.8b")):

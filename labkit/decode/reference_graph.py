@@ -15,8 +15,8 @@ result is the same function, at the cost of reading the unused part of the KV ca
 the device, which the captured step advances, as the fused graph backends do.
 
 Prefill is the reference's own, eager. Graphs are captured at the first step after a prefill and
-recaptured if the model's tensors changed (``labkit.fused.weights_key``). Capture goes through
-``labkit.fused.GRAPHS``, the seam the CPU tests replace with a recording stand-in.
+recaptured if the model's tensors changed (``labkit.decode.fused.weights_key``). Capture goes through
+``labkit.decode.fused.GRAPHS``, the seam the CPU tests replace with a recording stand-in.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from . import fused
-from .backends import register
-from .cache import HybridCache
-from .model import HybridLM
+from .registry import register
+from ..cache import HybridCache
+from ..model import HybridLM
 
 
 class WholeCacheView:

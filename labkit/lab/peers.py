@@ -6,9 +6,9 @@ import logging
 
 import torch
 
-from .checkpoint import hf_state_dict
-from .config import to_hf
-from .model import HybridLM
+from ..checkpoint import hf_state_dict
+from ..config import to_hf
+from ..model import HybridLM
 
 
 class _ReferenceFallbackNotice(logging.Filter):

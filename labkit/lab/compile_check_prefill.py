@@ -1,10 +1,10 @@
 """Compile the chunked delta-rule prefill kernels (labkit.ops.chunk_delta_rule) for a GPU, on a
 machine without one, and report registers, spills and shared memory per kernel variant.
 
-    python -m labkit.compile_check_prefill                 # sm_90 (H100/H200), Qwen3.5 shapes
-    python -m labkit.compile_check_prefill --block-v 32 64 --warps 4 8 --stages 1 2 3
+    python -m labkit.lab.compile_check_prefill                 # sm_90 (H100/H200), Qwen3.5 shapes
+    python -m labkit.lab.compile_check_prefill --block-v 32 64 --warps 4 8 --stages 1 2 3
 
-The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.compile_check`: nothing
+The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.lab.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
 prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without
 the sequence split, and the single-chunk kernel (sequences of <= 64 tokens). Like compile-check,
@@ -24,7 +24,7 @@ SHOWN = ("BLOCK_V", "HAS_INIT", "SEGMENTED", "CHECKPOINTS", "HAS_START", "DEFER_
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit.compile_check_prefill", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m labkit.lab.compile_check_prefill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     parser.add_argument("--block-v", nargs="*", type=int, default=[None], help="default: the launcher's choice")
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from . import compile_check as cc
-    from .ops import chunk_delta_rule as cdr
+    from ..ops import chunk_delta_rule as cdr
 
     if not cc.compile_only(args.arch):
         return 2

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import timing
+from ..tuning import gpu_slug
 
 # Vendor datasheet values (SXM parts, dense bf16 without sparsity). Leads, not measurements.
 DATASHEET = {
@@ -24,9 +25,6 @@ DATASHEET = {
 }
 
 
-def gpu_slug(name: str) -> str:
-    """A GPU's name as a file or directory name: 'NVIDIA H200' -> 'nvidia-h200'."""
-    return "-".join(name.lower().replace("_", " ").split())
 
 
 @dataclass(frozen=True)

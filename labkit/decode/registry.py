@@ -16,9 +16,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from .cache import HybridCache
-from .model import HybridLM
-from .ops.mixers import REFERENCE_CORES, MixerCores
+from ..cache import HybridCache
+from ..model import HybridLM
+from ..ops.mixers import REFERENCE_CORES, MixerCores
 
 
 class Decoder(Protocol):

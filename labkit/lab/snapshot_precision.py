@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import make_decoder
-from .model import HybridLM
+from ..decode.registry import make_decoder
+from ..model import HybridLM
 
 
 @dataclass

@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from . import resources
 
 
 def checkpoints_dir() -> Path:
     env = os.environ.get("LABKIT_CHECKPOINTS")
-    return Path(env).expanduser() if env else REPO_ROOT / "data" / "checkpoints"
+    return Path(env).expanduser() if env else resources.checkpoints_dir()
 
 
 # name -> what it is; the files are at checkpoints_dir() / name

@@ -6,10 +6,10 @@ step's timeline the GPU is either running a kernel or waiting for the host to is
     step = GPU busy + launching + Python and dispatcher
 
 - GPU busy: the union of the step's kernel intervals, from the profiler's device timestamps
-  (``labkit.profile.profile_decode``);
+  (``labkit.lab.profile.profile_decode``);
 - launching: kernels per step × the measured cost of issuing one minimal op from Python (an
   in-place add on one element: Python call, dispatcher, ``cudaLaunchKernel``;
-  ``labkit.hw.measure_launch_overhead``);
+  ``labkit.lab.hw.measure_launch_overhead``);
 - Python and dispatcher: the rest, everything the host does per op beyond that minimal launch
   (module calls, argument handling, shape checks, views, allocations, ops that launch nothing).
 
@@ -18,7 +18,7 @@ process, on the same model and step):
 
 - the trivial-work twin (:func:`trivial_twin`): the same layers and ops at tiny widths, so its
   kernels do almost nothing; if the step is host-bound, the twin's step takes as long as the real one;
-- the decisive one, ``"reference+graph"`` (:mod:`labkit.reference_graph`): the same kernels replayed
+- the decisive one, ``"reference+graph"`` (:mod:`labkit.decode.reference_graph`): the same kernels replayed
   from one CUDA graph, with no Python and about a microsecond per launch. The model predicts its
   step at GPU busy + kernels × graph launch cost.
 """
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import reference_graph  # noqa: F401  (registers the "reference+graph" backend)
-from .backends import make_decoder
-from .config import ModelConfig
-from .model import HybridLM, build
+from ..decode import reference_graph  # noqa: F401  (registers the "reference+graph" backend)
+from ..decode.registry import make_decoder
+from ..config import ModelConfig
+from ..model import HybridLM, build
 from .profile import StepProfile, profile_decode
 from .timing import measure
 
@@ -180,7 +180,7 @@ def diagnose(model: HybridLM, batch: int, launch: dict[str, float], context: int
              rounds: int = 3, graph: bool = True, twin_rounds: int | None = None) -> tuple[Diagnosis, StepProfile]:
     """Profile the reference step (interleaved with its benchmark), split its time, and run the two
     tests of the split: the trivial-work twin and, on a GPU (with ``graph``), the reference replayed
-    from a CUDA graph (:func:`graph_experiment`). ``launch``: :func:`labkit.hw.measure_launch_overhead`'s
+    from a CUDA graph (:func:`graph_experiment`). ``launch``: :func:`labkit.lab.hw.measure_launch_overhead`'s
     result on this device."""
     prof = profile_decode(model, "reference", batch, context, steps, rounds=rounds)
     twin_model = build(trivial_twin(model.cfg), dtype=model.dtype, device=model.device)

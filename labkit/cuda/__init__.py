@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from .ops.launch import cdiv, check_eps, check_no_overlap, check_tensor
+from .. import resources
+from ..ops.launch import cdiv, check_eps, check_no_overlap, check_tensor
 
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNELS_DIR = resources.kernels_dir()
 BINDING = "torch_binding.cpp"
 MAX_BATCH = 16
 ARCHS = ("90a", "100a")  # what CI compiles every kernel for
@@ -232,7 +233,7 @@ DEFAULT_TMA_CONFIG = TmaConfig(block_n=16, block_k=256, stages=2)
 
 # -- tuned configs: data, one file per GPU model ------------------------------------------------------
 TMA_TUNING_FORMAT = "labkit-tma-tuning/1"
-TUNING_DIR = Path(__file__).resolve().parent.parent / "data" / "tuning"
+TUNING_DIR = resources.tuning_dir()
 
 
 def batch_bucket(batch: int) -> int:
@@ -242,7 +243,7 @@ def batch_bucket(batch: int) -> int:
 
 def tma_tuning_path(gpu_name: str, directory: Path = TUNING_DIR) -> Path:
     """``data/tuning/<gpu-slug>-tma.json`` (beside the Triton kernels' ``<gpu-slug>.json``)."""
-    from .hw import gpu_slug
+    from ..tuning import gpu_slug
 
     return Path(directory) / f"{gpu_slug(gpu_name)}-tma.json"
 

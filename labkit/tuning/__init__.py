@@ -30,10 +30,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from .hw import gpu_slug
+from .. import resources
+
+
+def gpu_slug(name: str) -> str:
+    """A GPU's name as a file or directory name: 'NVIDIA H200' -> 'nvidia-h200'."""
+    return "-".join(name.lower().replace("_", " ").split())
 
 if TYPE_CHECKING:  # ops.linear imports triton: only when a configuration is actually wanted
-    from .ops.linear import LinearConfig, TuningKey
+    from ..ops.linear import LinearConfig, TuningKey
 
 FORMAT = "labkit-tuning/1"
 # An entry may say ``"impl": "torch"``: at that key the projection runs unfused
@@ -41,7 +46,7 @@ FORMAT = "labkit-tuning/1"
 # because that measured faster inside the chained step than any blocking of the Triton kernel
 # (``python -m labkit tune --chain``); absent means "triton". Never for the LM head's keys.
 IMPLS = ("triton", "torch")
-TUNING_DIR = Path(__file__).resolve().parent.parent / "data" / "tuning"
+TUNING_DIR = resources.tuning_dir()
 TUNE_COMMAND = "python -m labkit tune"
 KEY_FIELDS = {"m_bucket": int, "n": int, "k": int, "row_blocks": int, "argmax": bool}
 
@@ -60,7 +65,7 @@ def tuning_path(gpu_name: str, directory: Path = TUNING_DIR) -> Path:
 
 # -- reading ----------------------------------------------------------------------------------------
 def key_from_dict(d: Any, where: str) -> "TuningKey":
-    from .ops.linear import TuningKey, m_bucket
+    from ..ops.linear import TuningKey, m_bucket
 
     if not isinstance(d, dict) or set(d) != set(KEY_FIELDS):
         raise TuningFileError(f"{where}: key must be an object with exactly {sorted(KEY_FIELDS)}, got {d!r}")
@@ -78,7 +83,7 @@ def key_from_dict(d: Any, where: str) -> "TuningKey":
 
 
 def config_from_dict(d: Any, where: str) -> "LinearConfig":
-    from .ops.linear import LinearConfig
+    from ..ops.linear import LinearConfig
 
     names = {f.name for f in dataclasses.fields(LinearConfig)}
     if not isinstance(d, dict) or not set(d) <= names or not {"block_m", "block_n", "block_k"} <= set(d):
@@ -210,7 +215,7 @@ def linear_impl(m: int, n: int, k: int, *, row_blocks: int = 1, device: torch.de
                 directory: Path = TUNING_DIR) -> str:
     """``"triton"`` (labkit's fused kernel), or ``"torch"`` where ``device``'s tuning file measured
     the unfused cuBLAS path faster at this key (batch >= 16 projections only; never on a CPU)."""
-    from .ops.linear import tuning_key
+    from ..ops.linear import tuning_key
 
     device = torch.device(device) if device is not None else None
     if device is None or device.type != "cuda":
@@ -222,6 +227,6 @@ def linear_impl(m: int, n: int, k: int, *, row_blocks: int = 1, device: torch.de
 def linear_config(m: int, n: int, k: int, *, row_blocks: int = 1, argmax: bool = False,
                   device: torch.device | str | None = None) -> "LinearConfig":
     """:func:`labkit.ops.linear.linear_config` with ``device``'s tuned table."""
-    from .ops.linear import linear_config as config_for
+    from ..ops.linear import linear_config as config_for
 
     return config_for(m, n, k, row_blocks=row_blocks, argmax=argmax, table=device_table(device))

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
-from .model import HybridLM
+from ..config import ModelConfig
+from ..model import HybridLM
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def cache_buffer_bytes(cfg: ModelConfig, max_len: int, dtype: torch.dtype = torc
     the meta device, so nothing is allocated), per kind: "kv" (keys and values of ``max_len``
     positions), "conv" (the conv windows of short-conv and GDN layers), "gdn" (the recurrent states).
     A check on :func:`layer_costs`: a step reads and writes each fixed buffer once."""
-    from .cache import HybridCache
+    from ..cache import HybridCache
 
     cache = HybridCache(cfg, 1, max_len, dtype, "meta")
 

@@ -30,8 +30,8 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from .backends import make_decoder
-from .model import Block, HybridLM, RMSNorm, SwiGLU
+from ..decode.registry import make_decoder
+from ..model import Block, HybridLM, RMSNorm, SwiGLU
 from .roofline import step_cost
 from .timing import measure
 

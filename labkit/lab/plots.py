@@ -7,7 +7,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
-from .config import ModelConfig
+from ..config import ModelConfig
 from .roofline import layer_costs, step_cost
 
 COLORS = {

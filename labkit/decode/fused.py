@@ -23,7 +23,7 @@ step can be captured in one ``torch.cuda.CUDAGraph`` and replayed per token:
   chain``). Hopper or newer; opt-in.
 
 A decoder lives with its cache (``cache.attachments``), and ``generate`` keeps caches per model
-(see :func:`labkit.backends.pooled_decoder`), so graphs are captured once and replayed by later
+(see :func:`labkit.decode.registry.pooled_decoder`), so graphs are captured once and replayed by later
 calls. A graph replays the tensors it captured: before each prefill the decoder checks that the
 model still holds the same parameters, unmodified (``_version``), on the same device and dtype,
 and otherwise rebuilds its plan and recaptures.
@@ -55,13 +55,13 @@ from typing import Any, Callable, Union
 import torch
 from torch import nn
 
-from . import tuning
-from .backends import register
-from .cache import HybridCache
-from .model import HybridLM, attention_dims, gdn_dims
-from .ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing, attend_ref
-from .tuning import linear_config as tuned_linear_config
-from .weights import weights_key as weights_key  # re-exported: callers import it from labkit.fused
+from .. import tuning
+from .registry import register
+from ..cache import HybridCache
+from ..model import HybridLM, attention_dims, gdn_dims
+from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing, attend_ref
+from ..tuning import linear_config as tuned_linear_config
+from ..weights import weights_key as weights_key  # re-exported: callers import it from labkit.decode.fused
 
 
 def _load_ops() -> Any:
@@ -73,13 +73,13 @@ def _load_ops() -> Any:
             "the fused backends need Triton: it ships with CUDA builds of PyTorch; on a CPU-only "
             "machine install it (pip install 'triton>=3.6') and set TRITON_INTERPRET=1 before importing it"
         ) from e
-    from .ops import attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
+    from ..ops import attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
 
     return attention_decode, chunk_delta_rule, gated_delta_decode, greedy_head, launch, linear
 
 
 def _load_prefill_fusions() -> Any:
-    from .ops import prefill_fusions
+    from ..ops import prefill_fusions
 
     return prefill_fusions
 
@@ -639,7 +639,7 @@ def fused_decoder(model: HybridLM, cache: HybridCache, *, graph: bool = False, p
     """A FusedDecoder for (model, cache), reused while the cache lives: captured graphs stay valid
     because the cache never moves its buffers (``cache.reset()`` zeroes them in place), and they are
     recaptured if the model's tensors changed (:meth:`FusedDecoder.refresh`)."""
-    key = ("labkit.fused", id(model), graph, pdl)
+    key = ("labkit.decode.fused", id(model), graph, pdl)
     decoder = cache.attachments.get(key)
     if isinstance(decoder, FusedDecoder) and decoder.model is model:
         decoder.refresh()

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import labkit
     from labkit import tuning
-    from labkit.fused import FusedDecoder
+    from labkit.decode.fused import FusedDecoder
     from labkit.ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
 
     if args.gpu:  # the CPU stands in for that GPU when the fused backend looks up its blockings
