@@ -8,7 +8,7 @@ import torch
 from labkit.bench import chain as ch
 from labkit.ops.linear import RELEASES, PdlPlacement
 
-from tests.conftest import REAL_PRESETS
+from .conftest import REAL_PRESETS
 
 PLACEMENTS = [PdlPlacement(p, r) for p in (True, False) for r in RELEASES]
 

@@ -20,7 +20,7 @@ import labkit
 from labkit.decode.registry import make_decoder
 from labkit.bench.ops import rel_err
 
-from tests.conftest import BATCHES, REAL_PRESETS
+from .conftest import BATCHES, REAL_PRESETS
 
 STEPS = 32
 PROMPT = 17

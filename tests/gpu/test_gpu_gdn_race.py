@@ -11,7 +11,7 @@ import pytest
 
 from labkit.bench import ops
 
-from tests.conftest import BATCHES
+from .conftest import BATCHES
 
 CALLS = 25
 

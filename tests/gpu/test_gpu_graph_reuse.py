@@ -14,7 +14,7 @@ from torch import nn
 
 import labkit
 
-from tests.conftest import REAL_PRESETS
+from .conftest import REAL_PRESETS
 
 NEW_TOKENS = 12
 

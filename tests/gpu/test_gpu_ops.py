@@ -10,7 +10,7 @@ import torch
 
 from labkit.bench import ops
 
-from tests.conftest import BATCHES, REAL_PRESETS
+from .conftest import BATCHES, REAL_PRESETS
 
 
 @pytest.mark.parametrize("batch", BATCHES)

@@ -9,7 +9,7 @@ import torch
 import labkit.decode.reference_graph  # noqa: F401  (registers the backend)
 from labkit.decode.registry import make_decoder
 
-from tests.conftest import REAL_PRESETS
+from .conftest import REAL_PRESETS
 
 STEPS = 24
 
