@@ -20,7 +20,7 @@ def _notebooks(args: argparse.Namespace) -> int:
             params[name] = text
     try:
         rows = run_notebooks(args.out, parameters=params, only=args.only, log_output=args.log_output)
-    except ValueError as exc:  # a parameter no notebook has: nothing ran
+    except ValueError as exc:  # --only matching no notebook, or a parameter no notebook has: nothing ran
         print(f"labkit notebooks: {exc}", file=sys.stderr)
         return 2
     print_summary(rows)
