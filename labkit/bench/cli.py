@@ -1,4 +1,5 @@
-"""``python -m labkit bench {decode,prefill,ops,chain,tma,latency,article-cache,cache,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench <what>``: measure, print, write a results file (``--help`` lists the subcommands;
+:data:`OWN_PARSERS` are those with their own options: ``python -m labkit bench <name> --help``)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def _print_rows(rows: list) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit bench")
+    p = argparse.ArgumentParser(prog="labkit bench", epilog="also, each with its own --help: " + ", ".join(OWN_PARSERS))
     sub = p.add_subparsers(dest="what", required=True)
     for what in ("decode", "prefill", "ops"):
         s = sub.add_parser(what)
@@ -154,19 +155,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# subcommands with their own options (python -m labkit bench <name> --help): name -> (module, its main's extra args)
+OWN_PARSERS = {
+    "chain": ("labkit.bench.chain", ()),  # the step's projections chained in one graph
+    "tma": ("labkit.bench.tma", ()),  # the CUDA TMA GEMV against Triton and cuBLAS
+    "tma-alignment": ("labkit.bench.tma_alignment", ()),  # the TMA GEMV's weight base / row stride alignment
+    "latency": ("labkit.bench.latency", ()),  # pointer-chase load latency per memory level
+    "gdn-prefill": ("labkit.bench.gdn_prefill", ()),  # the chunked Gated DeltaNet prefill kernel beside fla
+    "fusion-evidence": ("labkit.bench.fusion_evidence", ()),  # notebook 02's evidence at the real shapes
+    "hit-timeline": ("labkit.bench.prefix_hit", ("hit-timeline",)),  # a prefix-cache hit: clock vs GPU time
+    "hit-host": ("labkit.bench.prefix_hit", ("hit-host",)),  # a prefix-cache hit's host side, piece by piece
+    "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
+}
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["chain"]:  # the step's projections chained in one graph: its own options
-        from .chain import main as chain_main
+    if argv and argv[0] in OWN_PARSERS:
+        import importlib
 
-        return chain_main(argv[1:])
-    if argv and argv[0] == "tma":  # the CUDA TMA GEMV against Triton and cuBLAS: its own parser
-        from .tma import main as tma_main
-
-        return tma_main(argv[1:])
-    if argv[:1] == ["latency"]:  # pointer-chase load latency per memory level: its own parser
-        from .latency import main as latency_main
-
-        return latency_main(argv[1:])
+        module, extra = OWN_PARSERS[argv[0]]
+        status = importlib.import_module(module).main(argv[1:], *extra)
+        return 0 if status is None else status
     parser = _parser()
     args = parser.parse_args(argv)
     unknown = [i for i in getattr(args, "impls", None) or [] if i not in known_impls()]

@@ -37,11 +37,18 @@ def check_name(name: str) -> str:
 
 def write_results(name: str, kind: str, rows: list, facts: DeviceFacts, command: str | None = None,
                   data_dir: Path = DATA_DIR) -> Path:
+    """``data_dir/<gpu>/<name>.json``: the provenance, ``kind`` and the rows (dataclasses) as "results"."""
+    return write_document(name, kind, {"results": [asdict(r) for r in rows]}, facts, command, data_dir)
+
+
+def write_document(name: str, kind: str, fields: dict, facts: DeviceFacts, command: str | None = None,
+                   data_dir: Path = DATA_DIR) -> Path:
+    """A results file whose figures are named ``fields`` (JSON values) beside the provenance and ``kind``."""
     check_name(name)
     out_dir = data_dir / facts.slug
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    doc = {**provenance(facts, command), "kind": kind, "results": [asdict(r) for r in rows]}
+    doc = {**provenance(facts, command), "kind": kind, **fields}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
 
