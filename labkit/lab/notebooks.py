@@ -31,9 +31,10 @@ def run_notebooks(
     """Execute each notebook into ``out_dir``; returns one summary row per notebook.
 
     Each notebook gets the ``parameters`` its parameters cell declares (and INTERACTIVE=False where it
-    has widgets); a parameter that no notebook declares (a typo) is a ValueError, before anything runs.
+    has widgets); ``only`` matching no notebook, or a parameter that no notebook declares (a typo), is a
+    ValueError before anything runs (it names the notebooks).
     Results are written under data/ only by notebooks given SAVE_RESULTS=True. A notebook that fails
-    (its asserts included) is reported, and the rest still run; the caller decides the exit status
+    (its asserts included) is reported by its cell's exception, and the rest still run; the caller decides the exit status
     from the rows.
     """
     import papermill as pm
