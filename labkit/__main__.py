@@ -20,7 +20,7 @@ def _notebooks(args: argparse.Namespace) -> int:
             params[name] = text
     try:
         rows = run_notebooks(args.out, parameters=params, only=args.only, log_output=args.log_output)
-    except ValueError as exc:  # a parameter no notebook has: nothing ran
+    except ValueError as exc:  # --only matching no notebook, or a parameter no notebook has: nothing ran
         print(f"labkit notebooks: {exc}", file=sys.stderr)
         return 2
     print_summary(rows)
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                            "notebooks before committing them (labkit notebooks already writes them without it)")
     strip.add_argument("paths", nargs="+")
     strip.set_defaults(func=_strip)
-    sub.add_parser("bench", help="benchmarks: python -m labkit bench {decode,prefill,ops,chain,tma,latency,article-cache,cache,hw,table} --help")
+    sub.add_parser("bench", help="benchmarks: python -m labkit bench --help (decode, prefill, ops, cache, table, "
+                   "chain, tma, hit-timeline, hit-host, ...)")
     sub.add_parser("tune", help="sweep the linear kernels' blockings on this GPU into data/tuning/<gpu>.json")
     sub.add_parser("compile-check", help="compile every fused-step kernel for a GPU target, without a GPU")
     sub.add_parser("serve-batch", help="replicas on N GPUs (torchrun): python -m labkit serve-batch --help")

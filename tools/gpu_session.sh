@@ -11,9 +11,11 @@
 #              1 and 10 generate() calls, set-up included (~3 min)
 #   tune       python -m labkit tune: linear blockings swept into data/tuning/<gpu>.json, for at most
 #              TUNE_LIMIT_S seconds of new keys (default 240; TUNE_BATCHES, default "1 16")
-#   prefill    python -m labkit.bench.gdn_prefill: the chunked delta-rule kernel against fla, T = 1k..64k and
+#   prefill    python -m labkit bench gdn-prefill: the chunked delta-rule kernel against fla, T = 1k..64k and
 #              8 packed prompts, split choices PREFILL_SPLITS (default "auto 0 16"), into data/bench (~2 min)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
+#   hit        python -m labkit bench hit-timeline, then hit-host: a prefix-cache hit (Qwen3.5-0.8B, 4,096 + 64
+#              tokens, fused+graph) on the clock vs the GPU, and its host side, into data/bench (~2 min)
 # GPU=1 runs on the second GPU of a two-GPU machine; two sessions on two GPUs may run side by side:
 #   (GPU=1 STAGES="train tune" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks gputests" bash tools/gpu_session.sh; wait
 source tools/gpu_env.sh
@@ -63,7 +65,7 @@ for stage in $STAGES; do
       tail -30 $OUT/decode.log
       tar czf $OUT/decode.tgz data/bench ;;
     prefill)
-      PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${PREFILL_TIMEOUT:-240} python3 -m labkit.bench.gdn_prefill \
+      PYTHONPATH="$PYTHONPATH:/tmp/fla" timeout ${PREFILL_TIMEOUT:-240} python3 -m labkit bench gdn-prefill \
         --splits ${PREFILL_SPLITS:-auto 0 16} --name gdn-prefill > $OUT/prefill.log 2>&1
       tail -30 $OUT/prefill.log
       tar czf $OUT/prefill.tgz data/bench ;;
@@ -72,6 +74,11 @@ for stage in $STAGES; do
         --time-limit-s ${TUNE_LIMIT_S:-240} ${TUNE_OUT:+--out-dir $TUNE_OUT} > $OUT/tune.log 2>&1
       tail -40 $OUT/tune.log
       cp data/tuning/*.json $OUT/ ;;
+    hit)
+      timeout ${HIT_TIMEOUT:-100} python3 -m labkit bench hit-timeline > $OUT/hit-timeline.log 2>&1
+      timeout ${HIT_TIMEOUT:-100} python3 -m labkit bench hit-host > $OUT/hit-host.log 2>&1
+      tail -30 $OUT/hit-timeline.log $OUT/hit-host.log
+      tar czf $OUT/hit.tgz data/bench ;;
     compile)
       timeout ${COMPILE_TIMEOUT:-200} python3 -m labkit bench decode --impls transformers transformers+compile \
         --batch 1 16 --repeats 3 --name compile-peer-decode > $OUT/compile.log 2>&1

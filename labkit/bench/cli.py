@@ -1,9 +1,11 @@
-"""``python -m labkit bench {decode,prefill,ops,chain,tma,latency,article-cache,cache,hw,table}``: measure, print, write a results file."""
+"""``python -m labkit bench <what>``: measure, print, write a results file (``--help`` lists the subcommands;
+:data:`OWN_PARSERS` are those with their own options: ``python -m labkit bench <name> --help``)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -16,7 +18,46 @@ from .article_cache import command_line as article_cache_command
 from .article_cache import run as run_article_cache
 from .decode import PEERS, DecodeResult, time_decode, time_prefill
 from .ops import bench_ops
-from .results import DATA_DIR, load_results, markdown_table, plot_prefill_file, update_readme, write_results
+from .results import (DATA_DIR, ResultsFileError, check_name, load_results, markdown_table, plot_prefill_file,
+                      update_readme, write_results)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (batch sizes, repeats, token counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (budgets)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number > 0")
+    return value
+
+
+def results_name(text: str) -> str:
+    """An argparse type: a results file's name (:func:`labkit.bench.results.check_name`)."""
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def known_impls() -> list[str]:
+    """What ``--impls`` accepts: every labkit backend, then the peers."""
+    from ..decode import reference_graph  # noqa: F401  registers "reference+graph"
+    from ..decode.registry import BACKENDS
+
+    return [*BACKENDS, *PEERS]
 
 
 def _models(names: list[str], device: str, dtype: torch.dtype):
@@ -50,32 +91,32 @@ def _print_rows(rows: list) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit bench")
+    p = argparse.ArgumentParser(prog="labkit bench", epilog="also, each with its own --help: " + ", ".join(OWN_PARSERS))
     sub = p.add_subparsers(dest="what", required=True)
     for what in ("decode", "prefill", "ops"):
         s = sub.add_parser(what)
         s.add_argument("--models", nargs="+", default=["lfm2-350m", "qwen3.5-0.8b"])
-        s.add_argument("--batch", nargs="+", type=int, default=[1] if what == "prefill" else [1, 16])
+        s.add_argument("--batch", nargs="+", type=positive_int, default=[1] if what == "prefill" else [1, 16])
         s.add_argument("--device", default="auto")
-        s.add_argument("--name", required=True, help="results go to data/bench/<gpu>/<name>.json")
+        s.add_argument("--name", required=True, type=results_name, help="results go to data/bench/<gpu>/<name>.json")
         s.add_argument("--data-dir", type=Path, default=DATA_DIR)
         if what == "ops":
-            s.add_argument("--max-len", type=int, default=4096, help="KV cache slots of the attention step")
+            s.add_argument("--max-len", type=positive_int, default=4096, help="KV cache slots of the attention step")
             s.add_argument("--no-peers", action="store_true", help="leave out fla's Gated DeltaNet step")
             continue
         s.add_argument("--impls", nargs="+", default=["reference", "transformers"],
                        help=f"labkit backends and/or peers {PEERS}")
-        s.add_argument("--repeats", type=int, default=5)
+        s.add_argument("--repeats", type=positive_int, default=5)
         if what == "decode":
-            s.add_argument("--prompt", type=int, default=128)
-            s.add_argument("--new-tokens", type=int, default=128)
-            s.add_argument("--wall-calls", nargs="*", type=int, default=[1, 10],
+            s.add_argument("--prompt", type=positive_int, default=128)
+            s.add_argument("--new-tokens", type=positive_int, default=128)
+            s.add_argument("--wall-calls", nargs="*", type=positive_int, default=[1, 10],
                            help="also time labkit.generate called N times in a row, set-up included (labkit backends)")
         else:
-            s.add_argument("--lengths", nargs="+", type=int, default=[512, 4096])
-            s.add_argument("--peer-repeats", type=int, default=None,
+            s.add_argument("--lengths", nargs="+", type=positive_int, default=[512, 4096])
+            s.add_argument("--peer-repeats", type=positive_int, default=None,
                            help="repeats for the peers (transformers is slow at long prompts); default --repeats")
-            s.add_argument("--gdn-kernel", metavar="NAME",
+            s.add_argument("--gdn-kernel", metavar="NAME", type=results_name,
                            help="first, in this process, the Gated DeltaNet kernel beside fla "
                                 "(python -m labkit.bench.gdn_prefill: T = 1k..64k and 8 x 2k packed), to NAME.json: "
                                 "with fla on the path, fla's autotuning is then paid once for it and transformers+fla")
@@ -96,16 +137,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--experiments", nargs="+", default=["ttft", "workload", "precision"])
     c.add_argument("--ttft-cases", nargs="+", default=None, metavar="PREFIX:SUFFIX:BLOCK",
                    help="default on a GPU: 4096:64:256 480:32:544 480:32:64")
-    c.add_argument("--block-size", type=int, default=None, help="workloads' block (default 256 on a GPU, 8 on a CPU)")
-    c.add_argument("--budgets", nargs="+", type=float, default=[8, 16], help="workload budgets, in snapshots")
+    c.add_argument("--block-size", type=positive_int, default=None, help="workloads' block (default 256 on a GPU, 8 on a CPU)")
+    c.add_argument("--budgets", nargs="+", type=positive_float, default=[8, 16], help="workload budgets, in snapshots")
     c.add_argument("--policies", nargs="+", default=["lru", "flops", "lru+ends", "flops+ends"],
                    help="eviction policy, +ends for Marconi-style admission (states at prompt ends and branch points)")
     c.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="auto: bf16 on a GPU")
     c.add_argument("--workloads", nargs="+", default=None, help="shared-prefix, multi-turn, unrelated (default: all)")
-    c.add_argument("--steps", type=int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
-    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--steps", type=positive_int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
+    c.add_argument("--repeats", type=positive_int, default=5)
     c.add_argument("--device", default="auto")
-    c.add_argument("--name", required=True, help="results go to data/bench/<gpu>/<name>.json")
+    c.add_argument("--name", required=True, type=results_name, help="results go to data/bench/<gpu>/<name>.json")
     c.add_argument("--data-dir", type=Path, default=DATA_DIR)
     sub.add_parser("hw")
     t = sub.add_parser("table")
@@ -114,29 +155,49 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# subcommands with their own options (python -m labkit bench <name> --help): name -> (module, its main's extra args)
+OWN_PARSERS = {
+    "chain": ("labkit.bench.chain", ()),  # the step's projections chained in one graph
+    "tma": ("labkit.bench.tma", ()),  # the CUDA TMA GEMV against Triton and cuBLAS
+    "tma-alignment": ("labkit.bench.tma_alignment", ()),  # the TMA GEMV's weight base / row stride alignment
+    "latency": ("labkit.bench.latency", ()),  # pointer-chase load latency per memory level
+    "gdn-prefill": ("labkit.bench.gdn_prefill", ()),  # the chunked Gated DeltaNet prefill kernel beside fla
+    "fusion-evidence": ("labkit.bench.fusion_evidence", ()),  # notebook 02's evidence at the real shapes
+    "hit-timeline": ("labkit.bench.prefix_hit", ("hit-timeline",)),  # a prefix-cache hit: clock vs GPU time
+    "hit-host": ("labkit.bench.prefix_hit", ("hit-host",)),  # a prefix-cache hit's host side, piece by piece
+    "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
+}
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["chain"]:  # the step's projections chained in one graph: its own options
-        from .chain import main as chain_main
+    if argv and argv[0] in OWN_PARSERS:
+        import importlib
 
-        return chain_main(argv[1:])
-    if argv and argv[0] == "tma":  # the CUDA TMA GEMV against Triton and cuBLAS: its own parser
-        from .tma import main as tma_main
-
-        return tma_main(argv[1:])
-    if argv[:1] == ["latency"]:  # pointer-chase load latency per memory level: its own parser
-        from .latency import main as latency_main
-
-        return latency_main(argv[1:])
-    args = _parser().parse_args(argv)
+        module, extra = OWN_PARSERS[argv[0]]
+        status = importlib.import_module(module).main(argv[1:], *extra)
+        return 0 if status is None else status
+    parser = _parser()
+    args = parser.parse_args(argv)
+    unknown = [i for i in getattr(args, "impls", None) or [] if i not in known_impls()]
+    if unknown:  # refused before any model is built: a typo would otherwise be a FAILED row
+        parser.error(f"argument --impls: unknown implementation {unknown[0]!r}; choose from {', '.join(known_impls())}")
+    presets = [m for m in getattr(args, "models", None) or [] if m not in PRESETS]
+    if presets and args.what in ("decode", "prefill", "ops"):  # (bench cache also takes shipped checkpoints)
+        parser.error(f"argument --models: unknown preset {presets[0]!r}; choose from {', '.join(PRESETS)}")
     if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
         from ..lab.notebooks import cpu_environment
 
         cpu_environment()
     if args.what == "table":
-        docs = load_results(args.data_dir)
+        try:
+            docs = load_results(args.data_dir)
+            table = markdown_table(docs)
+        except ResultsFileError as exc:
+            print(f"labkit bench table: {exc}", file=sys.stderr)
+            return 2
         if args.readme:
             update_readme(args.readme, docs)
-        print(markdown_table(docs))
+        print(table)
         return 0
     device = ("cuda" if torch.cuda.is_available() else "cpu") if getattr(args, "device", "auto") == "auto" else args.device
     if getattr(args, "gdn_kernel", None) and not device.startswith("cuda"):
@@ -156,7 +217,7 @@ def main(argv: list[str]) -> int:
         path = write_results(args.name, "article-cache", rows, facts, command=article_cache_command(argv),
                              data_dir=args.data_dir)
         print(f"wrote {path}")
-        return 0
+        return _status(rows)
     rows: list = []
     if args.what == "cache":
         from .cache import run_cache_bench
@@ -165,7 +226,7 @@ def main(argv: list[str]) -> int:
         command = shlex.join(["python", "-m", "labkit", "bench", *argv])
         path = write_results(args.name, "prefix-cache", rows, facts, command=command, data_dir=args.data_dir)
         print(f"wrote {path}")
-        return 0
+        return _status(rows)
     command = shlex.join(["python", "-m", "labkit", "bench", *argv])
     if getattr(args, "gdn_kernel", None):
         from .gdn_prefill import bench_gdn_prefill, print_rows
@@ -195,4 +256,12 @@ def main(argv: list[str]) -> int:
     print(f"wrote {path}")
     if getattr(args, "plot", None) is not None:
         print(f"wrote {plot_prefill_file(path, *args.plot)}")
-    return 0
+    return _status(rows)
+
+
+def _status(rows: list) -> int:
+    """The exit status of a run: 1 when a row failed (it is written, with its error), else 0."""
+    failed = [r for r in rows if getattr(r, "error", None)]
+    if failed:
+        print(f"{len(failed)} of {len(rows)} rows FAILED (first: {failed[0].error})", file=sys.stderr)
+    return 1 if failed else 0

@@ -26,29 +26,83 @@ def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
     }
 
 
+def check_name(name: str) -> str:
+    """``name`` as a results file's stem: a plain file name, so that ``<data_dir>/<gpu>/<name>.json``
+    stays inside the results folder (no path separator, no '..', not empty)."""
+    if not isinstance(name, str) or name in ("", ".") or any(bad in name for bad in ("..", "/", "\\")):
+        raise ValueError(f"results name {name!r} must be a plain file name (no '/', '\\' or '..'): "
+                         f"it becomes data/bench/<gpu>/<name>.json; e.g. --name decode-b16")
+    return name
+
+
 def write_results(name: str, kind: str, rows: list, facts: DeviceFacts, command: str | None = None,
                   data_dir: Path = DATA_DIR) -> Path:
+    """``data_dir/<gpu>/<name>.json``: the provenance, ``kind`` and the rows (dataclasses) as "results"."""
+    return write_document(name, kind, {"results": [asdict(r) for r in rows]}, facts, command, data_dir)
+
+
+def write_document(name: str, kind: str, fields: dict, facts: DeviceFacts, command: str | None = None,
+                   data_dir: Path = DATA_DIR) -> Path:
+    """A results file whose figures are named ``fields`` (JSON values) beside the provenance and ``kind``."""
+    check_name(name)
     out_dir = data_dir / facts.slug
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    doc = {**provenance(facts, command), "kind": kind, "results": [asdict(r) for r in rows]}
+    doc = {**provenance(facts, command), "kind": kind, **fields}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be read into the table: the message names the file and what is wrong."""
 
 
 def load_results(data_dir: Path = DATA_DIR) -> list[dict]:
     docs = []
     for path in sorted(data_dir.glob("*/*.json")):
-        doc = json.loads(path.read_text())
-        doc["path"] = str(path.relative_to(data_dir.parent.parent))
+        try:
+            doc = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ResultsFileError(f"{path}: not a JSON results file ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ResultsFileError(f"{path}: a results file holds one JSON object, not {type(doc).__name__}")
+        doc["path"] = _shown_path(path, data_dir)
+        doc["file"] = str(path)
         docs.append(doc)
     return docs
+
+
+def _shown_path(path: Path, data_dir: Path) -> str:
+    """The file as the README links it: relative to the repository (data/bench/<gpu>/<name>.json)."""
+    try:
+        return str(path.relative_to(data_dir.parent.parent))
+    except ValueError:  # a data dir with fewer than two parents
+        return str(path)
+
+
+def _rows(docs: list[dict], kind: str, fields: tuple[str, ...]) -> list[tuple[dict, dict]]:
+    """The (file, row) pairs of every ``kind`` file, each row checked for the fields the table reads."""
+    out = []
+    for d in docs:
+        if d.get("kind") != kind:
+            continue
+        where = d.get("file", d.get("path", "a results file"))
+        if not isinstance(d.get("results"), list):
+            raise ResultsFileError(f"{where}: a {kind!r} results file needs a 'results' list; it has none")
+        for i, r in enumerate(d["results"]):
+            need = fields if not (isinstance(r, dict) and r.get("error")) else fields[:3]
+            missing = [f for f in need if not isinstance(r, dict) or f not in r]
+            if missing:
+                raise ResultsFileError(f"{where}: row {i} of its {kind!r} results has no field "
+                                       f"{missing[0]!r} (needs {', '.join(map(repr, need))})")
+            out.append((d, r))
+    return out
 
 
 def markdown_table(docs: list[dict]) -> str:
     """The README's results table: every decode and prefill row of every results file."""
     lines = []
-    decode = [(d, r) for d in docs if d.get("kind") == "decode" for r in d["results"]]
+    decode = _rows(docs, "decode", ("model", "impl", "batch", "tokens_per_s", "achieved_bytes_per_s"))
     if decode:
         lines += [
             "| GPU | model | implementation | batch | tok/s | % of roofline | achieved GB/s | file |",
@@ -66,7 +120,7 @@ def markdown_table(docs: list[dict]) -> str:
                 ]
             lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r['impl']} | {r['batch']} | "
                          + " | ".join(cells) + f" | [{Path(d['path']).name}]({d['path']}) |")
-    prefill = [(d, r) for d in docs if d.get("kind") == "prefill" for r in d["results"]]
+    prefill = _rows(docs, "prefill", ("model", "impl", "tokens", "ms"))
     if prefill:
         lines += ["", "| GPU | model | implementation | prompt tokens | prefill ms | file |",
                   "| --- | --- | --- | ---: | ---: | --- |"]

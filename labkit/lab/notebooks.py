@@ -31,18 +31,23 @@ def run_notebooks(
     """Execute each notebook into ``out_dir``; returns one summary row per notebook.
 
     Each notebook gets the ``parameters`` its parameters cell declares (and INTERACTIVE=False where it
-    has widgets); a parameter that no notebook declares (a typo) is a ValueError, before anything runs.
+    has widgets); ``only`` matching no notebook, or a parameter that no notebook declares (a typo), is a
+    ValueError before anything runs (it names the notebooks).
     Results are written under data/ only by notebooks given SAVE_RESULTS=True. A notebook that fails
-    (its asserts included) is reported, and the rest still run; the caller decides the exit status
+    (its asserts included) is reported by its cell's exception, and the rest still run; the caller decides the exit status
     from the rows.
     """
     import papermill as pm
 
-    declared = {nb: set(pm.inspect_notebook(str(nb))) for nb in notebook_paths(directory)}
+    paths = notebook_paths(directory)
+    selected = [nb for nb in paths if not only or any(key in nb.name for key in only)]
+    if not selected:
+        raise ValueError(f"no notebook in {directory} matches --only {' '.join(only or [])}; the notebooks: "
+                         f"{', '.join(nb.name for nb in paths) or 'none'}")
+    declared = {nb: set(pm.inspect_notebook(str(nb))) for nb in paths}
     unknown = set(parameters or {}) - set().union(*declared.values())
     if unknown:
         raise ValueError(f"no notebook has the parameter(s) {sorted(unknown)} in its parameters cell")
-    selected = [nb for nb in declared if not only or any(key in nb.name for key in only)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -64,12 +69,24 @@ def run_notebooks(
                     execution_timeout=cell_timeout_s,  # a hung kernel fails the run instead of stalling it
                     log_output=log_output,
                 )
-        except Exception as exc:  # papermill wraps the cell's exception; keep its first line
-            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        except Exception as exc:  # noqa: BLE001  a notebook that fails is a row; the others still run
+            error = _failure(exc)
         if (out / nb.name).exists():
             drop_injected_parameters(out / nb.name)
         rows.append({"notebook": nb.name, "seconds": time.perf_counter() - t0, "error": error})
     return rows
+
+
+def _failure(exc: Exception) -> str:
+    """One line saying why a notebook failed: the cell's own exception (papermill's
+    PapermillExecutionError carries its name and value; its str() starts with a separator line)."""
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if ename is not None:
+        cell = getattr(exc, "cell_index", None)
+        first = str(evalue).strip().splitlines()[0] if str(evalue).strip() else ""
+        return f"{ename}: {first}" + (f" (cell {cell})" if cell is not None else "")
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
 
 
 @contextmanager
@@ -112,10 +129,8 @@ def _nbformat_json(nb: dict) -> str:
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        print("no notebooks to run")
-        return
-    width = max(len(r["notebook"]) for r in rows)
+    """One line per notebook run (its seconds, ok or why it failed), then the counts."""
+    width = max((len(r["notebook"]) for r in rows), default=0)
     for r in rows:
         status = "ok" if r["error"] is None else f"FAILED: {r['error']}"
         print(f"{r['notebook']:<{width}}  {r['seconds']:7.1f} s  {status}")

@@ -1,0 +1,90 @@
+"""CPU smoke runs of the bench subcommands that replaced tools/gpu_experiments (tiny presets, the
+reference backend, seconds each); the GPU-only ones are checked up to where they need the GPU."""
+
+import json
+import shlex
+
+import pytest
+import torch
+
+from labkit.__main__ import main
+
+HIT = ["--prefix", "32", "--tail", "5", "--block-size", "16", "--device", "cpu"]
+
+
+def _doc(tmp_path, name):
+    (path,) = tmp_path.glob(f"*/{name}.json")
+    return json.loads(path.read_text())
+
+
+def test_hit_timeline_times_each_hit_and_records_its_command(tmp_path):
+    assert main(["bench", "hit-timeline", *HIT, "--hits", "2", "--data-dir", str(tmp_path)]) == 0
+    doc = _doc(tmp_path, "hit-timeline")
+    assert doc["kind"] == "profile" and doc["model"] == "tiny-qwen3.5" and doc["backend"] == "reference"
+    assert len(doc["hit_wall_ms"]) == 2 and all(w > 0 for w in doc["hit_wall_ms"])
+    assert doc["hit_wall_median_ms"] == pytest.approx(sorted(doc["hit_wall_ms"])[0] / 2 + sorted(doc["hit_wall_ms"])[1] / 2)
+    assert doc["tail_continuation_median_ms"] is None  # no CUDA events on a CPU
+    assert shlex.split(doc["command"])[:5] == ["python", "-m", "labkit", "bench", "hit-timeline"]
+    assert doc["versions"]["torch"] == torch.__version__ and doc["date"]
+
+
+def test_hit_host_breaks_a_hit_down_and_checks_it_against_no_cache(tmp_path):
+    assert main(["bench", "hit-host", *HIT, "--reps", "2", "--data-dir", str(tmp_path), "--name", "h"]) == 0
+    doc = _doc(tmp_path, "h")
+    whole, host = doc["hit: pc.prefill, real tail (ms)"], doc["hit: pc.prefill, tail stubbed = host side (ms)"]
+    assert 0 < host < whole  # the stub leaves the tail's prefill out
+    assert doc["tail prefill (5 tokens) (ms)"] > 0 and doc["python calls: weights_key"] > 0
+    assert doc["hit vs no cache: rel err of last logits"] < 1e-5  # float32, the same maths
+    functions = [r["function"] for r in doc["host side by function (cProfile, its overhead included)"]]
+    assert any(f.startswith("labkit/prefix_cache.py:") and f.endswith("(prefill)") for f in functions)
+
+
+def test_a_hit_needs_a_prefix_of_at_least_one_block(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "hit-host", "--prefix", "8", "--block-size", "16", "--device", "cpu", "--data-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and "--prefix" in capsys.readouterr().err
+
+
+def _listing(names):
+    header = "Device GH100\n---------------------------------- -------------- --------- ----\nMetric Name  Metric Type  Metric Unit  Metric Description\n"
+    return header + "".join(f"{n}   Counter   {''}   a counter\n" for n in names)
+
+
+def test_ncu_metrics_reads_a_saved_listing(tmp_path):
+    names = [f"l1tex__counter_{i}" for i in range(120)] + ["sm__warps_active", "sm__warps_launched", "dram__throughput"]
+    (tmp_path / "query.txt").write_text(_listing(names))
+    argv = ["bench", "ncu-metrics", "--listing", str(tmp_path / "query.txt"), "--device", "cpu",
+            "--data-dir", str(tmp_path / "data")]
+    assert main(argv) == 0
+    rows = {r["name"]: r for r in _doc(tmp_path / "data", "ncu-metric-names")["results"]}
+    assert rows["sm__warps_active"]["listed"] and rows["dram__throughput"]["listed"]
+    assert not rows["sm__warps_active_avg"]["listed"] and rows["sm__warps_active_avg"]["matches"] == ["sm__warps_active", "sm__warps_launched"]
+    assert not rows["tma__throughput"]["listed"] and rows["tma__throughput"]["matches"] == []
+
+
+def test_ncu_metrics_writes_nothing_from_an_error_message(tmp_path):
+    (tmp_path / "query.txt").write_text("==ERROR== the chip gh100 is not supported\n")
+    argv = ["bench", "ncu-metrics", "--listing", str(tmp_path / "query.txt"), "--data-dir", str(tmp_path / "data")]
+    assert main(argv) == 1
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_tma_alignment_views_start_where_asked():
+    from labkit.bench.tma_alignment import offset_weight
+
+    buf = torch.arange(3 * 40 + 256, dtype=torch.bfloat16)
+    for offset in (0, 16, 8, 128):
+        w = offset_weight(buf, offset, 3, 37, 40)
+        assert w.shape == (3, 37) and w.stride() == (40, 1)
+        assert w.data_ptr() - buf.data_ptr() == offset
+        assert torch.equal(w[1], buf[offset // 2 + 40: offset // 2 + 77])
+    with pytest.raises(ValueError, match="element size"):
+        offset_weight(buf, 3, 3, 37, 40)
+    with pytest.raises(ValueError, match="cannot hold"):
+        offset_weight(buf, 0, 30, 37, 40)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer")
+def test_tma_alignment_says_it_needs_a_gpu(tmp_path, capsys):
+    assert main(["bench", "tma-alignment", "--data-dir", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out and not list(tmp_path.rglob("*.json"))
