@@ -13,7 +13,14 @@ from pathlib import Path
 from .. import resources
 from ..lab.hw import DeviceFacts, versions
 
-DATA_DIR = resources.bench_dir()
+# data/bench of the checkout; None where labkit is installed without its repository (results_dir says so)
+DATA_DIR = resources.bench_dir() if resources.checkout() else None
+
+
+def results_dir(data_dir: Path | None = None) -> Path:
+    """``data_dir``, else the checkout's ``data/bench`` (:class:`labkit.resources.MissingResource`,
+    naming what is absent, where labkit is installed without its repository)."""
+    return Path(data_dir) if data_dir is not None else resources.bench_dir()
 
 
 def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
@@ -27,8 +34,8 @@ def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
 
 
 def write_results(name: str, kind: str, rows: list, facts: DeviceFacts, command: str | None = None,
-                  data_dir: Path = DATA_DIR) -> Path:
-    out_dir = data_dir / facts.slug
+                  data_dir: Path | None = DATA_DIR) -> Path:
+    out_dir = results_dir(data_dir) / facts.slug
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     doc = {**provenance(facts, command), "kind": kind, "results": [asdict(r) for r in rows]}
@@ -36,7 +43,8 @@ def write_results(name: str, kind: str, rows: list, facts: DeviceFacts, command:
     return path
 
 
-def load_results(data_dir: Path = DATA_DIR) -> list[dict]:
+def load_results(data_dir: Path | None = DATA_DIR) -> list[dict]:
+    data_dir = results_dir(data_dir)
     docs = []
     for path in sorted(data_dir.glob("*/*.json")):
         doc = json.loads(path.read_text())
