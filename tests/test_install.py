@@ -89,7 +89,8 @@ def _copy_repo(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(fresh venv's python, the wheel) with labkit installed from an sdist of this checkout."""
+    """(fresh venv's python, the wheel, the copied source) with labkit installed from an sdist of a
+    copy of this checkout."""
     tmp = tmp_path_factory.mktemp("install")
     src = _copy_repo(tmp / "src")
     dist = tmp / "dist"
@@ -111,11 +112,11 @@ def installed(tmp_path_factory):
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp).strip())
     ours = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
     (site / "zz_outer_site_packages.pth").write_text("".join(f"{p}\n" for p in ours if p))
-    return python, wheel
+    return python, wheel, src
 
 
 def test_the_wheel_ships_what_the_product_reads(installed):
-    _, wheel = installed
+    _, wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("labkit/_data/tuning/nvidia-h200.json", f"labkit/_data/checkpoints/{CHECKPOINT}/model.safetensors",
                  f"labkit/_data/checkpoints/{CHECKPOINT}/config.json", "labkit/_data/kernels/tma_gemv.cu",
@@ -125,7 +126,7 @@ def test_the_wheel_ships_what_the_product_reads(installed):
 
 
 def test_installed_package_runs_outside_the_repository(installed, tmp_path):
-    python, _ = installed
+    python, _, _ = installed
     out = json.loads(_run([str(python), "-c", CHECK], cwd=tmp_path).strip().splitlines()[-1])
     venv = python.parent.parent
     inside = lambda p: Path(p).resolve().is_relative_to(venv.resolve())  # noqa: E731
@@ -141,3 +142,14 @@ def test_installed_package_runs_outside_the_repository(installed, tmp_path):
     ids = torch.tensor([labkit.ByteTokenizer().encode(PROMPT)])
     expected = labkit.generate(model, ids, NEW_TOKENS, backend="reference", progress=False).tokens[0].tolist()
     assert out["tokens"] == expected, "the installed package generates other tokens than the checkout"
+
+
+def test_the_editable_install_still_builds(installed, tmp_path):
+    """``make test`` installs with ``pip install -e``: its wheel maps labkit to the checkout, which
+    then finds data/ and kernels/ in place (no labkit/_data copy)."""
+    _, _, src = installed
+    build = f"from setuptools import build_meta as b; print(b.build_editable({str(tmp_path)!r}))"
+    wheel = tmp_path / _run([sys.executable, "-c", build], cwd=src).strip().splitlines()[-1]
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not any("_data" in n for n in names), names
+    assert not (src / "labkit" / "_data").exists(), "the editable build copied the data into the checkout"
