@@ -3,10 +3,15 @@
     import labkit
     model = labkit.build("lfm2-350m", dtype=torch.bfloat16, device="cuda")
     out = labkit.generate(model, input_ids, max_new_tokens=128, backend="reference")
+
+This namespace is the product: models, caches, decoders, checkpoints. The workbook's lab tooling
+(measurement, plots, notebook glue, and the source article's *approximate* cache,
+``labkit.lab.article_cache.ArticleCache``) lives under ``labkit.lab``, ``labkit.bench``,
+``labkit.train`` and ``labkit.distributed``, which import the product and are never imported by it
+(tests/test_layering.py).
 """
 
 from .decode import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
-from .lab.article_cache import ArticleCache
 from .decode.registry import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save
@@ -20,7 +25,6 @@ from .tokenizer import ByteTokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArticleCache",
     "BACKENDS",
     "ByteTokenizer",
     "CHECKPOINTS",

@@ -1,4 +1,4 @@
-"""The small trained checkpoints that ship with the workbook (``data/checkpoints/`` at the repo root).
+"""The small trained checkpoints that ship with the workbook (``data/checkpoints/`` of the repository).
 
     model = labkit.load(labkit.checkpoint_path("byte-lfm2-6m"), dtype=torch.float32)
     tok = labkit.ByteTokenizer.from_checkpoint(labkit.checkpoint_path("byte-lfm2-6m"))
@@ -6,8 +6,8 @@
 Both are byte-level models trained by ``python -m labkit.train`` on the Python standard library's
 own source; each directory holds config.json + model.safetensors (transformers' format),
 byte_tokenizer.json, training.json (the full record of the run) and a README.md model card.
-The data directory lives beside the package in a source checkout (an editable install); set
-``LABKIT_CHECKPOINTS`` to look elsewhere.
+They are found through :func:`labkit.resources.checkpoints_dir` (the installed package's copy, or
+the checkout's ``data/checkpoints``); set ``LABKIT_CHECKPOINTS`` to look elsewhere.
 """
 
 from __future__ import annotations
@@ -42,6 +42,19 @@ def checkpoint_path(name: str) -> Path:
             f"`python -m labkit.train --family {family} --out {path}` (see labkit/train/)"
         )
     return path
+
+
+def load_model(name: str, dtype, device, seed: int = 0):
+    """A model by name: a shipped checkpoint (:data:`CHECKPOINTS`, its trained weights, loaded with
+    :func:`labkit.load`), else a preset (:data:`labkit.PRESETS`) with seeded random weights
+    (:func:`labkit.build`, the same weights for the same seed on every machine)."""
+    if name in CHECKPOINTS:
+        from .checkpoint import load
+
+        return load(checkpoint_path(name), dtype=dtype, device=device)
+    from .model import build
+
+    return build(name, dtype=dtype, device=device, seed=seed)
 
 
 def available_checkpoints() -> list[str]:

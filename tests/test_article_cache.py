@@ -1,4 +1,4 @@
-"""labkit.ArticleCache (the article's two-level cache, approximate): threshold 0 is the exact path bit
+"""labkit.lab.article_cache.ArticleCache (the article's two-level cache, approximate): threshold 0 is the exact path bit
 for bit, skipping is counted exactly, bad parameters are refused, batches of 3 work; the bench's
 rows and the plot. Tiny presets, random weights, a few decode steps: seconds on a CPU."""
 

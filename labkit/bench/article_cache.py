@@ -277,9 +277,9 @@ def add_arguments(s) -> None:
 
 def load_results(path: str | Path | None = None, gpu: str = "nvidia-h200") -> dict:
     """The results file (default ``data/bench/<gpu>/article-cache.json``) as a dict."""
-    from .results import DATA_DIR
+    from .results import results_dir
 
-    path = Path(path) if path is not None else DATA_DIR / gpu / "article-cache.json"
+    path = Path(path) if path is not None else results_dir() / gpu / "article-cache.json"
     return json.loads(path.read_text())
 
 

@@ -397,9 +397,9 @@ def write_evidence(doc: dict, facts, command: str = COMMAND, path=None):
     import json
     from pathlib import Path
 
-    from .results import DATA_DIR, provenance
+    from .results import provenance, results_dir
 
-    path = Path(path) if path else DATA_DIR / facts.slug / "fusion-evidence.json"
+    path = Path(path) if path else results_dir() / facts.slug / "fusion-evidence.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**provenance(facts, command), **doc}, indent=1, default=str) + "\n")
     return path

@@ -165,9 +165,9 @@ def committed_hardware(gpu: str = "nvidia-h200") -> dict:
     Returns {"doc": the file's header (device, date, gpu), "file", "fit_rows", "fit_label", "state_rows"}.
     """
     from ..lab.notebooks import committed_results
-    from .results import DATA_DIR
+    from .results import results_dir
 
-    if (DATA_DIR / gpu / "hw.json").exists():
+    if (results_dir() / gpu / "hw.json").exists():
         doc = committed_results("hw", gpu)
         rows = [dict(r, bytes_per_s=r["bytes"] / (r["us"] * 1e-6)) for r in doc["results"]]
         return {"doc": doc, "file": "hw.json", "fit_label": COPY_FIT,

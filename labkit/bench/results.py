@@ -13,7 +13,14 @@ from pathlib import Path
 from .. import resources
 from ..lab.hw import DeviceFacts, versions
 
-DATA_DIR = resources.bench_dir()
+# data/bench of the checkout; None where labkit is installed without its repository (results_dir says so)
+DATA_DIR = resources.bench_dir() if resources.checkout() else None
+
+
+def results_dir(data_dir: Path | None = None) -> Path:
+    """``data_dir``, else the checkout's ``data/bench`` (:class:`labkit.resources.MissingResource`,
+    naming what is absent, where labkit is installed without its repository)."""
+    return Path(data_dir) if data_dir is not None else resources.bench_dir()
 
 
 def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
@@ -36,16 +43,16 @@ def check_name(name: str) -> str:
 
 
 def write_results(name: str, kind: str, rows: list, facts: DeviceFacts, command: str | None = None,
-                  data_dir: Path = DATA_DIR) -> Path:
+                  data_dir: Path | None = DATA_DIR) -> Path:
     """``data_dir/<gpu>/<name>.json``: the provenance, ``kind`` and the rows (dataclasses) as "results"."""
     return write_document(name, kind, {"results": [asdict(r) for r in rows]}, facts, command, data_dir)
 
 
 def write_document(name: str, kind: str, fields: dict, facts: DeviceFacts, command: str | None = None,
-                   data_dir: Path = DATA_DIR) -> Path:
+                   data_dir: Path | None = DATA_DIR) -> Path:
     """A results file whose figures are named ``fields`` (JSON values) beside the provenance and ``kind``."""
     check_name(name)
-    out_dir = data_dir / facts.slug
+    out_dir = results_dir(data_dir) / facts.slug
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     doc = {**provenance(facts, command), "kind": kind, **fields}
@@ -57,7 +64,8 @@ class ResultsFileError(ValueError):
     """A results file that cannot be read into the table: the message names the file and what is wrong."""
 
 
-def load_results(data_dir: Path = DATA_DIR) -> list[dict]:
+def load_results(data_dir: Path | None = DATA_DIR) -> list[dict]:
+    data_dir = results_dir(data_dir)
     docs = []
     for path in sorted(data_dir.glob("*/*.json")):
         try:

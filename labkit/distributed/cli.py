@@ -16,19 +16,26 @@ import os
 import shlex
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
+from .. import resources
 from .runtime import MULTICAST_OFF, multicast_off_env
 
 COMMANDS = ("serve-batch", "allreduce")
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds labkit/
 
 
-def _data_dir() -> Path:
-    from ..bench import DATA_DIR
-
-    return DATA_DIR
+def labkit_importable(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child process of this interpreter that must import this labkit: the directory that
+    holds labkit/ goes first on PYTHONPATH where the interpreter would not find it by itself (a checkout
+    run with PYTHONPATH, or from its root); an installed package is left to the interpreter (its
+    site-packages directory on PYTHONPATH would come before the standard library)."""
+    holder = resources.PACKAGE_DIR.parent
+    installed = {Path(p).resolve() for key in ("purelib", "platlib") if (p := sysconfig.get_path(key))}
+    if holder not in installed:
+        env["PYTHONPATH"] = os.pathsep.join([str(holder), *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def build_parser(command: str) -> argparse.ArgumentParser:
@@ -177,8 +184,7 @@ def rank_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list
 
 def launch_env(device: str) -> dict[str, str]:
     """This process's environment with multicast off, and this labkit importable by every rank."""
-    env = multicast_off_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env = labkit_importable(multicast_off_env())
     env.setdefault("PYTHONUNBUFFERED", "1")  # rank 0's progress lines appear as they happen
     if device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")
@@ -215,8 +221,7 @@ def run_job(command: str, args: list[str], out: str | Path, timeout_s: float | N
     import signal
 
     cmd = [sys.executable, "-m", "labkit", command, *args, f"--out={out}"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env = labkit_importable(dict(os.environ))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -276,7 +281,7 @@ def rank_main(argv: list[str]) -> int:
 
                 facts = device_facts(str(rank.device), measure=False)
                 path = write_results(args.name, doc["kind"], rows, facts, command=job_command,
-                                     data_dir=args.data_dir or _data_dir())
+                                     data_dir=args.data_dir)  # None: the checkout's data/bench
                 print(f"wrote {path}", flush=True)
         # Leave together: a rank that tears down its process group while another is still inside a
         # collective can make that one abort (one CPU notebook run in CI saw a rank end on SIGABRT).

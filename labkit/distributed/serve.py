@@ -66,15 +66,14 @@ class ServeRow:
 def resolve_model(name: str, dtype: torch.dtype, device: torch.device):
     """A shipped checkpoint by name, a preset (seeded random weights, the same on every rank), or a
     checkpoint directory."""
-    import labkit
-    from ..shipped import CHECKPOINTS
+    from ..checkpoint import load
     from ..config import PRESETS
-    from ..lab.notebooks import load_model
+    from ..shipped import CHECKPOINTS, load_model
 
     if name in CHECKPOINTS or name in PRESETS:
-        return load_model(name, dtype, str(device))
+        return load_model(name, dtype, device)
     if Path(name).expanduser().is_dir():
-        return labkit.load(name, dtype=dtype, device=device)
+        return load(name, dtype=dtype, device=device)
     raise FileNotFoundError(
         f"model {name!r} is not a preset ({', '.join(PRESETS)}), a shipped checkpoint ({', '.join(CHECKPOINTS)}) "
         f"or a checkpoint directory on {__import__('socket').gethostname()}"

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import resources
+from ..shipped import load_model  # noqa: F401  (the notebooks' loader: a shipped checkpoint or a preset)
 
-NOTEBOOK_DIR = resources.notebooks_dir()
+NOTEBOOK_DIR = resources.notebooks_dir() if resources.checkout() else None  # the lab's: not installed
 INJECTED = "injected-parameters"  # the tag of the cell papermill adds with a run's parameters
 
 
-def notebook_paths(directory: Path = NOTEBOOK_DIR) -> list[Path]:
+def notebook_paths(directory: Path | None = NOTEBOOK_DIR) -> list[Path]:
+    directory = directory if directory is not None else resources.notebooks_dir()  # says what is missing
     return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -23,7 +25,7 @@ def run_notebooks(
     out_dir: str | Path = "build",
     parameters: dict[str, Any] | None = None,
     only: list[str] | None = None,
-    directory: Path = NOTEBOOK_DIR,
+    directory: Path | None = NOTEBOOK_DIR,
     kernel_name: str = "python3",
     cell_timeout_s: int = 1200,
     log_output: bool = False,
@@ -191,28 +193,17 @@ def default_models(on_gpu: bool) -> list[str]:
     return available_checkpoints() or ["tiny-lfm2", "tiny-qwen3.5"]
 
 
-def load_model(name: str, dtype, device: str, seed: int = 0):
-    """A shipped checkpoint by name (``labkit.shipped.CHECKPOINTS``), else a preset with seeded
-    random weights (``labkit.build``)."""
-    import labkit
-    from ..shipped import CHECKPOINTS, checkpoint_path
-
-    if name in CHECKPOINTS:
-        return labkit.load(checkpoint_path(name), dtype=dtype, device=device)
-    return labkit.build(name, dtype=dtype, device=device, seed=seed)
-
-
 REFERENCE_GPU = "nvidia-h200"  # the GPU whose committed results a notebook teaches with where there is none
 
 
 def committed_results(name: str, gpu: str = REFERENCE_GPU) -> dict:
     """A committed results file, ``data/bench/<gpu>/<name>.json`` (GPU, versions, date, command and
     rows), for a notebook to read its numbers from instead of typing them."""
-    from ..bench.results import DATA_DIR
+    from ..bench.results import results_dir
 
-    path = DATA_DIR / gpu / f"{name}.json"
+    path = results_dir() / gpu / f"{name}.json"
     if not path.exists():
-        have = sorted(p.stem for p in (DATA_DIR / gpu).glob("*.json"))
+        have = sorted(p.stem for p in path.parent.glob("*.json"))
         raise FileNotFoundError(f"no committed results {path}; {gpu} has: {', '.join(have) or 'none'}")
     return json.loads(path.read_text())
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import load, save
-from ..resources import REPO_ROOT
+from ..resources import checkout
 from ..config import ModelConfig
 from ..model import HybridLM, empty_model
 from ..tokenizer import ByteTokenizer
@@ -190,10 +190,13 @@ def _versions() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             pass
     v["cuda"] = torch.version.cuda
+    repo = checkout()
+    if repo is None:  # an installed package: no commit to record
+        return v
     try:
-        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=10,
         )
         if head.returncode == 0:
