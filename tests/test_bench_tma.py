@@ -1,4 +1,4 @@
-"""labkit.bench.tma without a GPU: the shapes it times, and the tuning file it writes from a sweep."""
+"""labkit.bench.tma without a GPU: the shapes it times, and the tuning file section it writes from a sweep."""
 
 import json
 from dataclasses import asdict
@@ -20,7 +20,9 @@ def _row(n, k, batch, config, us, error=None):
                          2 * n * k / us / 1e3, 1e-3, error)
 
 
-def test_tuning_file_keeps_the_fastest_correct_config(tmp_path):
+def test_tuning_section_keeps_the_fastest_correct_config(tmp_path):
+    from labkit import tuning
+
     slow, fast, wrong = cuda.TmaConfig(16, 128, 2), cuda.TmaConfig(32, 256, 4, fill=2), cuda.TmaConfig(64, 64, 8)
     rows = [_row(1024, 4608, 1, slow, 5.0), _row(1024, 4608, 1, fast, 4.0), _row(1024, 4608, 1, wrong, 1.0, "wrong"),
             _row(1024, 4608, 16, slow, 6.0)]
@@ -29,16 +31,18 @@ def test_tuning_file_keeps_the_fastest_correct_config(tmp_path):
     src = tmp_path / "sweep.json"
     src.write_text(json.dumps(sweep))
     path = tma.write_tuning(src, tmp_path)
-    assert path.name == "nvidia-h200-tma.json"
-    assert cuda.read_tma_tuning(path) == {(1, 1024, 4608): fast, (16, 1024, 4608): slow}
+    assert path.name == "nvidia-h200.json"  # the GPU's one tuning file, its tma section
+    assert tuning.tma.table_of(tuning.read_tuning_file(path), "") == {(1, 1024, 4608): fast, (16, 1024, 4608): slow}
     assert cuda.config_from_repr(repr(fast)) == fast
 
 
-def test_malformed_tuning_file_is_a_clear_error(tmp_path):
-    bad = tmp_path / "x-tma.json"
-    bad.write_text(json.dumps({"format": cuda.TMA_TUNING_FORMAT, "configs": [{"n": 1}]}))
-    with pytest.raises(ValueError, match=r"configs\[0\]"):
-        cuda.read_tma_tuning(bad)
+def test_malformed_tuning_section_is_a_clear_error(tmp_path):
+    from labkit import tuning
+
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"format": tuning.FORMAT, "gpu": "x", "tma": {"entries": [{"n": 1}]}}))
+    with pytest.raises(tuning.TuningFileError, match=r"x\.json: tma\.entries\[0\]"):
+        tuning.read_tuning_file(bad)
 
 
 def test_summary_table_takes_the_fastest_correct_row_per_implementation():

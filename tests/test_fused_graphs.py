@@ -32,7 +32,7 @@ def test_replayed_steps_match_eager_and_reference(preset, batch, graphs):
         buf.fill_(float("nan"))
     token = ref.prefill(prompt).argmax(-1)
     eager.prefill(prompt)
-    graph.prefill(prompt)  # a length seen once: eager (fused.PREFILL_CAPTURE_AT)
+    graph.prefill(prompt)  # a length seen once: eager (the fused_prefill setting capture_at)
     assert (graphs.captures, graphs.warm_ups, graphs.replays) == (2, 2, 0)
     for step in range(4):
         want = ref.step(token)
@@ -138,14 +138,14 @@ def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
     assert [key[-1] for key in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
 
 
-def test_prefill_graphs_per_length_match_the_eager_prefill(graphs, monkeypatch):
+def test_prefill_graphs_per_length_match_the_eager_prefill(graphs):
     """fused+graph prefill of a fresh cache: a graph per prompt length from its second time (the
-    least recently used dropped past PREFILL_GRAPHS), the same logits and cache as the eager fused
-    prefill; a prompt that continues a sequence runs eagerly."""
-    monkeypatch.setattr(fused, "PREFILL_GRAPHS", 2)
+    least recently used dropped past the policy's ``graphs``), the same logits and cache as the eager
+    fused prefill; a prompt that continues a sequence runs eagerly."""
     model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=4)
     eager = make_decoder("fused", model, model.new_cache(2, max_len=16))
     graph = make_decoder("fused+graph", model, model.new_cache(2, max_len=16))
+    graph.prefill_policy = {**graph.prefill_policy, "graphs": 2}  # tuning.settings("fused_prefill"): 4
     for length in (5, 7, 5, 3, 7, 3, 5):
         prompt = random_prompt(model, 2, length, seed=length)
         eager.cache.reset()

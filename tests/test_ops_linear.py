@@ -208,33 +208,6 @@ def triton_next_pow2(v: int) -> int:
     return 1 << (v - 1).bit_length()
 
 
-@pytest.mark.parametrize("m,config", [(3, LinearConfig(16, 32, 16)), (3, LinearConfig(16, 32, 16, split_k=2)),
-                                      (17, LinearConfig(16, 64, 32, split_k=3))])
-def test_norm_applied_after_the_dot(monkeypatch, m, config, device):
-    """NORM_AFTER_DOT: the tl.dot loop scales its float32 sums by rstd after the loop (split K: from
-    the squares each split leaves in the workspace) instead of normalising the input first. Same
-    maths, so float32 agrees to rounding; bfloat16 rounds x * w instead of x * rstd * w, so the
-    projection may differ by a unit in the last place and the conv state (a product of two rounded
-    projections) is held to the output's bound here, not a tenth of it."""
-    from labkit.ops.short_conv import short_conv_decode_ref
-
-    monkeypatch.setattr(linear_mod, "NORM_AFTER_DOT", True)
-    for dtype in (torch.float32, torch.bfloat16):
-        x, w, norm, _ = _data(m, 3 * 40, 72, dtype, device, seed=7)
-        x = x * 30.0  # rstd far from 1: a missing or doubled scale cannot pass
-        state = torch.randn(m, 2, 40, generator=torch.Generator().manual_seed(8)).to(dtype=dtype, device=device)
-        conv_w = torch.randn(40, 3, generator=torch.Generator().manual_seed(9)).to(dtype=dtype, device=device)
-        for unit in (False, True):
-            out = _nan(m, 3 * 40, dtype=dtype, device=device)
-            linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, norm_unit_offset=unit, config=config)
-            assert rel_err(out, linear_ref(x, w, norm_weight=norm, norm_eps=1e-5, norm_unit_offset=unit)) < BOUND[dtype]
-        y_ref, state_ref = short_conv_decode_ref(linear_ref(x, w, norm_weight=norm, norm_eps=1e-5), state, conv_w)
-        out = _nan(m, 40, dtype=dtype, device=device)
-        linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, short_conv=(state, conv_w), config=config)
-        assert rel_err(out, y_ref) < BOUND[dtype]
-        assert rel_err(state, state_ref) < BOUND[dtype]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_unfused_matches_the_reference(dtype, device):
     """linear_unfused (one-kernel norm, cuBLAS, one-kernel epilogue): every epilogue against

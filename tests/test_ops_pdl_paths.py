@@ -99,9 +99,8 @@ def test_plain_gemv_rejects_bad_input():
 
 
 @pytest.mark.parametrize("early", [False, True])
-def test_mixers(stub_gdc, monkeypatch, early):
-    for mod in (gdn_mod, attn_mod):  # where the mixers release their successor changes no result
-        monkeypatch.setattr(mod, "PDL_RELEASE_EARLY", early)
+def test_mixers(stub_gdc, early):
+    # where the mixers release their successor (release_early) changes no result
     g = torch.Generator().manual_seed(1)
     proj, state, weight = torch.randn(2, 3 * 40, generator=g), torch.randn(2, 2, 40, generator=g), torch.randn(40, 3, generator=g)
     s2 = state.clone()
@@ -112,7 +111,7 @@ def test_mixers(stub_gdc, monkeypatch, early):
             torch.randn(dims.conv_dim, 4, generator=g), torch.rand(4, generator=g), torch.randn(4, generator=g),
             torch.randn(24, generator=g), torch.randn(2, 4, 16, 24, generator=g)]
     copy = [a.clone() for a in args]
-    a = gdn_mod.gdn_decode(*args, dims, 1e-6, block_v=8, pdl=True)
+    a = gdn_mod.gdn_decode(*args, dims, 1e-6, block_v=8, pdl=True, release_early=early)
     b = gdn_mod.gdn_decode(*copy, dims, 1e-6, block_v=8)
     assert torch.equal(a, b) and torch.equal(args[6], copy[6]) and torch.equal(args[1], copy[1])
 
@@ -122,6 +121,7 @@ def test_mixers(stub_gdc, monkeypatch, early):
     common = (torch.randn(32, generator=g), torch.randn(32, generator=g), rope_inv_freq(8, 1e4))
     lengths = torch.tensor([39, 7], dtype=torch.int32)
     k2, v2 = keys.clone(), values.clone()
-    a = attn_mod.attention_decode(proj, *common, keys, values, lengths, ad, 1e-6, True, chunk=16, pdl=True)
+    a = attn_mod.attention_decode(proj, *common, keys, values, lengths, ad, 1e-6, True, chunk=16, pdl=True,
+                                  release_early=early)
     b = attn_mod.attention_decode(proj, *common, k2, v2, lengths, ad, 1e-6, True, chunk=16)
     assert rel_err(a, b) == 0 and torch.equal(keys, k2)

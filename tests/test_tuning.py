@@ -1,6 +1,7 @@
 """Tuned kernel settings as data (labkit.tuning, labkit.bench.tune): the file is chosen by the GPU's
 name, a GPU without one gets the heuristic and one warning, a bad file is a clear error, entries
-round-trip, the fused backend uses them, and the tune command writes and merges files. CPU only:
+round-trip, the fused backend uses them, and the tune command writes and merges files (keeping the
+file's other sections). The launch settings and the TMA section: tests/test_tuning_settings.py. CPU only:
 the device name is monkeypatched, and the sweep's timer is a stand-in (its checks run for real)."""
 
 import json
@@ -20,15 +21,14 @@ H200_FILE = tuning.TUNING_DIR / "nvidia-h200.json"
 
 @pytest.fixture
 def gpu_named(monkeypatch):
-    """Pretend the current CUDA device has the given name; forget loaded tables and warnings."""
-    tuning._table_for.cache_clear()
-    monkeypatch.setattr(tuning, "_warned", set())
+    """Pretend every CUDA device has the given name; forget loaded files and warnings."""
+    tuning.forget()
 
     def name(gpu: str) -> None:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
 
     yield name
-    tuning._table_for.cache_clear()
+    tuning.forget()
 
 
 def _write(path, doc):
@@ -75,7 +75,8 @@ def test_the_cpu_gets_its_configuration_silently(gpu_named):
 
 BAD = [
     ("{not json", "not valid JSON"),
-    (json.dumps({"format": "something/2", "linear": []}), "expected format 'labkit-tuning/1'"),
+    (json.dumps({"format": "something/2", "linear": []}), "expected format 'labkit-tuning/2'"),
+    (json.dumps({"format": "labkit-tuning/1", "linear": []}), "predate the merged format"),
     (json.dumps({"format": tuning.FORMAT, "linear": {}}), "'linear' must be a list"),
     (json.dumps(_doc({"key": ENTRY["key"]})), r"linear\[0\]: each entry needs a 'key' and a 'config'"),
     (json.dumps(_doc({**ENTRY, "key": {**ENTRY["key"], "argmax": 0}})), r"linear\[0\]: key.argmax must be a boolean"),
@@ -127,13 +128,9 @@ def test_the_dispatch_table_names_the_keys_that_run_unfused(tmp_path, gpu_named)
     path = _write(tmp_path / "test-gpu.json", _doc(ENTRY, {**b16, "impl": "torch"}))
     assert tuning.impl_table(path) == {TuningKey(16, 96, 160, 1, False): "torch"}
     gpu_named("Test GPU")
-    tuning._impls_for.cache_clear()
-    try:
-        assert tuning.linear_impl(16, 96, 160, device="cuda:0", directory=tmp_path) == "torch"
-        assert tuning.linear_impl(1, 96, 160, device="cuda:0", directory=tmp_path) == "triton"
-        assert tuning.linear_impl(16, 96, 160, device="cpu", directory=tmp_path) == "triton"
-    finally:
-        tuning._impls_for.cache_clear()
+    assert tuning.linear_impl(16, 96, 160, device="cuda:0", directory=tmp_path) == "torch"
+    assert tuning.linear_impl(1, 96, 160, device="cuda:0", directory=tmp_path) == "triton"
+    assert tuning.linear_impl(16, 96, 160, device="cpu", directory=tmp_path) == "triton"
 
 
 def test_the_fused_backend_launches_the_tables_configs(monkeypatch):
@@ -164,6 +161,10 @@ def test_tune_writes_checked_winners_and_merges_with_the_previous_file(tmp_path)
     def fake_us(model, case, batch, config):  # prefers the narrowest tile: not the heuristic's choice
         return float(config.block_n)
 
+    others = {"settings": {"attention_decode": {"values": {"release_early": False}, "source": "by hand"}},
+              "tma": {"date": "d", "entries": [{"m_bucket": 1, "n": 8, "k": 64, "config": {"block_n": 16, "block_k": 128}}]}}
+    tuning.write_tuning_file(tmp_path / "test-gpu.json", {"format": tuning.FORMAT, "gpu": "Test GPU", **others})
+
     path, entries, left = tune.run(["tiny-lfm2"], [1], out_dir=tmp_path, max_candidates=2, device="cpu",
                                    gpu_name="Test GPU", timer=fake_us, log=lambda s: None)
     assert path == tmp_path / "test-gpu.json" and left == 0
@@ -188,3 +189,61 @@ def test_tune_writes_checked_winners_and_merges_with_the_previous_file(tmp_path)
     path, entries, left = tune.run(["tiny-lfm2"], [1], out_dir=tmp_path, time_limit_s=0, device="cpu",
                                    gpu_name="Test GPU", timer=fake_us, log=lambda s: None)
     assert not entries and left == len(first) and tuning.linear_table(path) == merged
+    doc = json.loads(path.read_text())
+    assert {k: doc[k] for k in others} == others  # the sections the linear tuning does not write are kept
+
+
+def _names_by_index(monkeypatch, names: dict[int, str], current: int = 0) -> None:
+    """torch.cuda.get_device_name answering per device index, as on a machine with mixed GPUs."""
+
+    def name(device=None):
+        if device is None or isinstance(device, int):
+            index = current if device is None else device
+        else:
+            index = torch.device(device).index
+        return names[current if index is None else index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", name)
+
+
+def test_the_given_device_is_looked_up_not_the_current_one(monkeypatch):
+    """cuda:1 is an H200 and the current device (0) a 4090 without a file: a lookup for cuda:1
+    reads the H200's file (item 9 of issue 23: the table was read for the current device)."""
+    tuning.forget()
+    _names_by_index(monkeypatch, {0: "NVIDIA GeForce RTX 4090", 1: "NVIDIA H200"})
+    h200 = tuning.linear_table(H200_FILE)
+    key, config = next((k, c) for k, c in h200.items() if c != linear_mod.linear_config(
+        k.m_bucket, k.n, k.k, row_blocks=k.row_blocks, argmax=k.argmax))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # cuda:1 has its file: no warning
+            for device in ("cuda:1", torch.device("cuda", 1), 1):
+                assert tuning.device_table(device) == h200
+                assert tuning.linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, argmax=key.argmax,
+                                            device=device) == config
+                assert tuning.linear_impl(16, 1024, 1024, row_blocks=3, device=device) == "torch"
+        with pytest.warns(tuning.UntunedGPUWarning, match="RTX 4090"):
+            assert tuning.device_table("cuda:0") is None
+        assert tuning.device_table("cuda") is None  # no index: the current device
+    finally:
+        tuning.forget()
+
+
+def test_no_warning_where_the_gpu_has_a_file(gpu_named, tmp_path):
+    """A GPU with a file is tuned: no UntunedGPUWarning from any lookup, however many (item 9: it
+    was raised where a file exists)."""
+    gpu_named("NVIDIA H200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            assert tuning.device_table("cuda:0")
+            tuning.linear_config(1, 1024, 1024, row_blocks=3, device="cuda:0")
+            tuning.linear_impl(16, 1024, 1024, device="cuda:0")
+            for kernel in tuning.KERNELS:
+                tuning.settings(kernel, "cuda:0")
+    gpu_named("Test GPU")  # a file without a linear section is a file too
+    tuning.write_tuning_file(tmp_path / "test-gpu.json", {"format": tuning.FORMAT, "gpu": "Test GPU"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.device_table("cuda:0", directory=tmp_path) == {}
+        assert tuning.settings("linear", "cuda:0", directory=tmp_path) == tuning.HEURISTICS["linear"]

@@ -139,7 +139,7 @@ class PrefillResult:
     tokens_per_s: float | None = None
     # labkit backends: the first prefill of this length by a new decoder (kernels already compiled),
     # host clock (fused+graph runs a length's first prefill eagerly and captures it the second time,
-    # labkit.decode.fused.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
+    # the tuning setting fused_prefill.capture_at: the steady state ``ms`` is the replay)
     first_call_ms: float | None = None
     error: str | None = None
 

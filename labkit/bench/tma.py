@@ -2,7 +2,7 @@
 
     python -m labkit bench tma --name tma-gemv                 # every shape, batch 1 and 16 -> data/bench/<gpu>/
     python -m labkit bench tma --sweep --name tma-sweep        # + every TmaConfig of the grid below
-    python -m labkit bench tma --tuning-from data/bench/<gpu>/tma-sweep.json   # -> data/tuning/<gpu>-tma.json
+    python -m labkit bench tma --tuning-from data/bench/<gpu>/tma-sweep.json   # -> data/tuning/<gpu>.json's tma section
 
 For every distinct weight shape [N, K] of the LFM2-350M and Qwen3.5-0.8B decode projections (the
 matmul alone, no norm or epilogue, so the three compute one function), three implementations:
@@ -99,13 +99,13 @@ def _runner(impl: str, x: torch.Tensor, n: int, config=None):
     """``run(w, y)``: y = x w^T by ``impl``, into y; ``<impl>+swiglu``: y = silu(x W_g^T) * x W_u^T
     for w = [W_g; W_u] (N / 2 outputs)."""
     from .. import tuning
-    from ..cuda import tma_config, tma_linear
+    from ..cuda import tma_linear
     from ..ops.linear import LinearWorkspace, linear
 
     batch, k = x.shape
     impl, swiglu = impl.removesuffix("+swiglu"), impl.endswith("+swiglu")
     if impl == "cuda-tma":
-        config = config or tma_config(batch, n, k, x.device)  # the tuned table's, else the default
+        config = config or tuning.tma_config(batch, n, k, x.device)  # the tuned table's, else the default
         return lambda w, y: tma_linear(x, w, out=y, swiglu=swiglu, config=config), repr(config)
     if impl == "triton":
         blocks = 2 if swiglu else 1
@@ -202,38 +202,35 @@ def summary_table(rows: list[StreamRow]) -> str:
     return "\n".join(lines)
 
 
-def tuning_doc(sweep: dict) -> dict:
-    """A tuning file (:func:`labkit.cuda.read_tma_tuning`) from a sweep's results document: the
-    fastest correct config per shape, for batch buckets 1 and 16, with the sweep's provenance."""
+def tuning_section(sweep: dict, source: str | None = None) -> dict:
+    """The ``tma`` section of a tuning file (:mod:`labkit.tuning.tma`) from a sweep's results
+    document: the fastest correct config per shape, for batch buckets 1 and 16, with the sweep's
+    provenance."""
     from dataclasses import asdict
 
-    from ..cuda import TMA_TUNING_FORMAT, batch_bucket, config_from_repr
+    from ..cuda import config_from_repr
+    from ..tuning.tma import bucket
 
     rows = [StreamRow(**r) for r in sweep["results"]]
-    configs = [
-        {"batch_bucket": batch_bucket(b), "n": n, "k": k, "config": asdict(config_from_repr(r.config)),
+    entries = [
+        {"m_bucket": bucket(b), "n": n, "k": k, "config": asdict(config_from_repr(r.config)),
          "us": round(r.us, 3), "gb_per_s": round(r.gb_per_s, 1), "where": r.where}
-        for (n, k, b), r in sorted(best_per_shape(rows).items()) if b == batch_bucket(b)
+        for (n, k, b), r in sorted(best_per_shape(rows).items()) if b == bucket(b)
     ]
-    keep = ("gpu", "device", "versions", "date", "command")
-    return {"format": TMA_TUNING_FORMAT, **{k: sweep.get(k) for k in keep}, "configs": configs}
+    keep = ("versions", "date", "command", "device")
+    return {**{k: sweep.get(k) for k in keep}, **({"source": source} if source else {}), "entries": entries}
 
 
 def write_tuning(sweep_path: Path, directory: Path | None = None) -> Path:
-    from ..cuda import TUNING_DIR, read_tma_tuning, tma_tuning_path
+    """Merge the sweep's winners into the ``tma`` section of ``<directory>/<gpu-slug>.json``
+    (default data/tuning), keeping the file's other sections and their provenance."""
+    from .. import tuning
 
     sweep = json.loads(Path(sweep_path).read_text())
     if not sweep.get("gpu"):
         raise SystemExit(f"{sweep_path} was not measured on a GPU")
-    doc = tuning_doc(sweep)
-    doc["source"] = str(sweep_path)
-    path = tma_tuning_path(sweep["gpu"], directory or TUNING_DIR)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    configs = doc.pop("configs")
-    head = json.dumps(doc, indent=1)
-    path.write_text(head[:-2] + ',\n "configs": [\n' + ",\n".join("  " + json.dumps(e) for e in configs) + "\n ]\n}\n")
-    read_tma_tuning(path)  # what was written reads back
-    return path
+    path = tuning.tuning_path(sweep["gpu"], directory or tuning.TUNING_DIR)
+    return tuning.update_tuning_file(path, sweep["gpu"], tma=tuning_section(sweep, str(sweep_path)))
 
 
 def main(argv: list[str]) -> int:
@@ -249,7 +246,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--name", default="tma-gemv", help="results go to data/bench/<gpu>/<name>.json")
     p.add_argument("--data-dir", type=Path, default=DATA_DIR)
     p.add_argument("--tuning-from", type=Path, metavar="SWEEP_JSON",
-                   help="no timing: write data/tuning/<gpu>-tma.json from a --sweep results file")
+                   help="no timing: write the tma section of data/tuning/<gpu>.json from a --sweep results file")
     args = p.parse_args(argv)
     if args.tuning_from:
         print(f"wrote {write_tuning(args.tuning_from)}")

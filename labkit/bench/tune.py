@@ -1,5 +1,6 @@
 """``python -m labkit tune``: sweep the linear kernels' blockings on the GPU at hand and write the
-winners to ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning` reads at run time.
+winners to the ``linear`` section of ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning`
+reads at run time (the file's other sections, the TMA table and the kernels' settings, are kept).
 
 For every distinct projection of the presets' decode steps (one key per batch bucket, outputs, K,
 row blocks; the LM head is left out: its greedy and logits paths must keep one summation order)
@@ -134,6 +135,17 @@ def tune_case(
     return entry
 
 
+def linear_entries(doc: dict, path: Path) -> dict:
+    """An existing file's linear entries by key (kept for the keys a run does not reach)."""
+    return {tuning.key_from_dict(e["key"], str(path)): e for e in doc.get("linear", [])}
+
+
+def other_sections(doc: dict) -> dict:
+    """The sections of an existing file that the linear tuning does not write (the TMA table and
+    the kernels' settings), kept as they are, each with its own provenance."""
+    return {k: doc[k] for k in ("settings", "tma") if k in doc}
+
+
 def run(models: list[str], batches: list[int], *, out_dir: Path = tuning.TUNING_DIR, time_limit_s: float | None = None,
         fresh: bool = False, max_candidates: int | None = None, device: str = "cuda", gpu_name: str | None = None,
         command: str | None = None, timer: Callable = _time_us,
@@ -148,10 +160,10 @@ def run(models: list[str], batches: list[int], *, out_dir: Path = tuning.TUNING_
     facts = device_facts(device, measure=False)
     name = gpu_name or facts.name
     path = tuning.tuning_path(name, out_dir)
-    kept: dict = {}
-    if path.exists() and not fresh:
-        kept = {tuning.key_from_dict(e["key"], str(path)): e for e in tuning.read_tuning_file(path)["linear"]}
-    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": [METHOD_NOTE], "linear": []}
+    old_doc = tuning.read_tuning_file(path) if path.exists() else {}
+    kept = {} if fresh else linear_entries(old_doc, path)
+    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": [METHOD_NOTE],
+           **other_sections(old_doc), "linear": []}
     dtype = torch.bfloat16 if facts.kind == "cuda" else torch.float32  # the CPU interpreter: for tests
     measured: dict = {}
     left: set = set()
@@ -233,20 +245,20 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     heuristic's among the candidates (first), and write them into ``out_dir/<gpu-slug>.json``; the
     time limit is shared evenly by (model, batch), and within it by key."""
     from ..lab.hw import device_facts
-    from ..ops.linear import PDL_PLACEMENT, tuning_key
+    from ..ops.linear import tuning_key
     from .chain import chain_ops, groups, placement_name, sweep_key
 
-    placement = placement or PDL_PLACEMENT
     facts = device_facts(device, measure=False)
+    placement = placement or tuning.pdl_placement(device)  # the tuning file's, else the heuristic
     name = gpu_name or facts.name
     dtype = torch.bfloat16 if facts.kind == "cuda" else torch.float32  # the CPU interpreter: for tests
     path = tuning.tuning_path(name, out_dir)
-    kept = {tuning.key_from_dict(e["key"], str(path)): e for e in tuning.read_tuning_file(path)["linear"]} \
-        if path.exists() else {}
     old_doc = tuning.read_tuning_file(path) if path.exists() else {}
+    kept = linear_entries(old_doc, path)
     notes = [n for n in old_doc.get("notes", [METHOD_NOTE])
              if n != CHAIN_NOTE and not (any(b > 1 for b in batches) and "no entries yet" in n)] + [CHAIN_NOTE]
-    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": notes, "linear": []}
+    doc = {"format": tuning.FORMAT, **provenance(facts, command), "gpu": name, "notes": notes,
+           **other_sections(old_doc), "linear": []}
     measured: dict = {}
     share = None if time_limit_s is None else time_limit_s / (len(models) * len(batches))
     for preset in models:
@@ -315,7 +327,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--chain", action="store_true",
                    help="tune inside the chained step (labkit.bench.chain), LM head included, instead of each op alone")
     p.add_argument("--pdl", action="store_true", help="with --chain: launch with programmatic dependent launch")
-    p.add_argument("--placement", default=None, help="with --chain --pdl: e.g. preload+early (default: the code's own)")
+    p.add_argument("--placement", default=None,
+                   help="with --chain --pdl: e.g. preload+early (default: the tuning file's, else the heuristic)")
     args = p.parse_args(argv)
     for name in args.models:
         if name not in PRESETS:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .. import resources
+from .. import resources, tuning
 from ..ops.launch import cdiv, check_eps, check_no_overlap, check_tensor
 
 KERNELS_DIR = resources.kernels_dir()
@@ -229,23 +228,9 @@ class TmaConfig:
 # and at batch 16 in the H200 sweep (data/bench/nvidia-h200/tma-sweep.json): 0.97 and 0.99 of each
 # shape's fastest. Deeper pipelines measured slower: two 8 KB stages per block leave shared memory
 # for more resident blocks, and those keep as many bytes in flight.
+# It is the heuristic: the configs tuned per shape are data, the ``tma`` section of the GPU's tuning
+# file (data/tuning/<gpu-slug>.json), which labkit.tuning.tma_config reads.
 DEFAULT_TMA_CONFIG = TmaConfig(block_n=16, block_k=256, stages=2)
-
-# -- tuned configs: data, one file per GPU model ------------------------------------------------------
-TMA_TUNING_FORMAT = "labkit-tma-tuning/1"
-TUNING_DIR = resources.tuning_dir()
-
-
-def batch_bucket(batch: int) -> int:
-    """Batches that share a tuned config: 1 (a GEMV), and 2..16 (the sweep times 16)."""
-    return 1 if batch == 1 else 16
-
-
-def tma_tuning_path(gpu_name: str, directory: Path = TUNING_DIR) -> Path:
-    """``data/tuning/<gpu-slug>-tma.json`` (beside the Triton kernels' ``<gpu-slug>.json``)."""
-    from ..tuning import gpu_slug
-
-    return Path(directory) / f"{gpu_slug(gpu_name)}-tma.json"
 
 
 def config_from_repr(text: str) -> TmaConfig:
@@ -255,33 +240,6 @@ def config_from_repr(text: str) -> TmaConfig:
         raise ValueError(f"not a TmaConfig repr: {text!r}")
     return TmaConfig(**{k: int(v) for k, v in fields.items()})
 
-
-def read_tma_tuning(path: Path) -> dict[tuple[int, int, int], TmaConfig]:
-    """A tuning file's table: (batch bucket, N, K) -> config; a malformed file is a clear error."""
-    doc = json.loads(Path(path).read_text())
-    if doc.get("format") != TMA_TUNING_FORMAT or not isinstance(doc.get("configs"), list):
-        raise ValueError(f"{path}: expected format {TMA_TUNING_FORMAT!r} with a 'configs' list")
-    table = {}
-    for i, e in enumerate(doc["configs"]):
-        try:
-            key = (int(e["batch_bucket"]), int(e["n"]), int(e["k"]))
-            table[key] = TmaConfig(**e["config"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: configs[{i}] is not a valid entry: {exc}") from None
-    return table
-
-
-@functools.lru_cache(maxsize=None)
-def _tma_table(gpu_name: str, directory: Path) -> dict:
-    path = tma_tuning_path(gpu_name, directory)
-    return read_tma_tuning(path) if path.exists() else {}
-
-
-def tma_config(batch: int, n: int, k: int, device: torch.device | str | int | None = None,
-               directory: Path = TUNING_DIR) -> TmaConfig:
-    """The measured fastest config for this shape on ``device``'s GPU model, else the default."""
-    table = _tma_table(torch.cuda.get_device_name(device), Path(directory))
-    return table.get((batch_bucket(batch), n, k), DEFAULT_TMA_CONFIG)
 
 @functools.lru_cache(maxsize=None)
 def _sms(index: int | None) -> int:
@@ -380,7 +338,7 @@ def tma_linear(
     if norm_weight is not None:
         norm_eps = check_eps("norm_eps", norm_eps)
     k, batch = weight.shape[1], x.shape[0]
-    cfg = config or tma_config(batch, weight.shape[0], k, weight.device)  # tuned per streamed [rows, K]
+    cfg = config or tuning.tma_config(batch, weight.shape[0], k, weight.device)  # tuned per streamed [rows, K]
     if not isinstance(cfg, TmaConfig):
         raise TypeError(f"config must be a TmaConfig, got {type(cfg).__name__}")
     ext = load(weight.device)

@@ -18,7 +18,7 @@ step can be captured in one ``torch.cuda.CUDAGraph`` and replayed per token:
 - ``"fused+graph+pdl"``: as above, each kernel launched with programmatic dependent launch, so it
   is scheduled while its predecessor drains and waits (``griddepcontrol.wait``) only before touching
   that predecessor's output, and releases its own successor first thing. Where the kernels wait
-  and release is :data:`labkit.ops.linear.PDL_PLACEMENT` (and ``PDL_RELEASE_EARLY`` in the mixer
+  and release is the GPU's tuning file's (:func:`labkit.tuning.pdl_placement`; ``release_early`` in the mixer
   kernels), chosen by measuring every placement in the chained step (``python -m labkit bench
   chain``). Hopper or newer; opt-in.
 
@@ -37,7 +37,7 @@ continue a cache (every row at one length); and one Triton kernel for each eleme
 between the GEMMs (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm and its gated
 output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE). It fills the same cache the fused step reads. Under
 ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt length
-(the last ``PREFILL_GRAPHS`` lengths kept), once a length comes back (``PREFILL_CAPTURE_AT``):
+(the last ``graphs`` lengths kept), once a length comes back (``capture_at``: ``tuning.settings("fused_prefill")``):
 it pays an eager warm-up and the capture once, later prompts of that length replay it, without
 the host's launch overhead. A prompt that
 continues cached sequences runs eagerly. ``step`` returns the logits in a buffer that the next
@@ -130,7 +130,8 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
         return MixerCores(delta_rule=delta_rule, attend=attend)
     return MixerCores(delta_rule=delta_rule, attend=attend, gdn_inputs=fusions.gdn_inputs,
                       gated_norm=fusions.gated_rms_norm_rows, short_conv=fusions.short_conv_prefill,
-                      rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows, norm_rope=fusions.norm_rope_rows)
+                      rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows,
+                      norm_rope=partial(fusions.norm_rope_rows, **tuning.settings("norm_rope", cache.device)))
 
 
 # -- graphs: the one seam the CPU tests replace ---------------------------------------------------
@@ -161,11 +162,6 @@ class CudaGraphs:
 
 GRAPHS = CudaGraphs()
 
-PREFILL_GRAPHS = 4  # prompt lengths whose prefill graphs a decoder keeps (each holds its activations)
-# A length's prefill is captured when it is seen this many times: on the H200 (Qwen3.5-0.8B, 4,096
-# tokens) the eager fused prefill takes ~25 ms, its warm-up + capture ~60 ms and a replay ~18 ms, so
-# a graph pays off only for lengths that come back: one-off prompts stay eager.
-PREFILL_CAPTURE_AT = 2
 
 
 @dataclass
@@ -257,6 +253,9 @@ class StepPlan:
     attn_ws: Any = None
     gdn_dims: Any = None
     gdn_ws: Any = None
+    placement: Any = None  # PdlPlacement of the linear kernels (tuning.pdl_placement)
+    attn_args: Any = None  # attention_decode's tuned keywords (chunk, release_early)
+    gdn_args: Any = None  # gdn_decode's tuned keywords (block_v, release_early)
 
     def activations(self) -> list[torch.Tensor]:
         """The buffers a step writes before reading (tests poison them)."""
@@ -308,6 +307,7 @@ class FusedDecoder:
         self.captures = 0  # how many times the graphs were (re)captured
         # fused+graph: the prefill of a fresh cache is captured per prompt length too (PrefillGraph)
         self.graph_prefill = graph
+        self.prefill_policy = tuning.settings("fused_prefill", model.device)  # capture_at, graphs
         self._prefill_graphs: OrderedDict[int, PrefillGraph] = OrderedDict()
         self._prefill_seen: OrderedDict[int, int] = OrderedDict()  # how often each length came (the last 64)
         self.prefill_captures = 0
@@ -404,14 +404,22 @@ class FusedDecoder:
             proj=proj, mixed=mixed,
             linear_ws=lin.LinearWorkspace.allocate(need_p, need_c, dev),
             head_buffers=self._head.GreedyHeadBuffers.allocate(B, cfg.vocab_size, greedy.config, dev),
+            placement=tuning.pdl_placement(dev),
         )
         if "attention" in cfg.layer_types:
             step.attn_dims = attention_dims(cfg)
-            chunk, _ = self._attn.attention_chunk(cache.max_len, cfg.head_dim)
+            tuned = tuning.settings("attention_decode", dev)
+            chunk, _ = self._attn.attention_chunk(cache.max_len, cfg.head_dim, min_chunk=tuned["min_chunk"],
+                                                  max_chunks=tuned["max_chunks"])
+            step.attn_args = dict(chunk=chunk, release_early=tuned["release_early"])
             step.attn_ws = self._attn.AttentionWorkspace.allocate(B, step.attn_dims, -(-cache.max_len // chunk), dev)
         if "gdn" in cfg.layer_types:
             step.gdn_dims = gdn_dims(cfg)
             step.gdn_ws = self._gdn.GdnWorkspace.allocate(B, step.gdn_dims, dev)
+            tuned = tuning.settings("gated_delta_decode", dev)
+            block_v = self._gdn.gdn_block_v(B, step.gdn_dims, block_v=tuned["block_v"],
+                                            narrow_block_v=tuned["narrow_block_v"], programs_per_sm=tuned["programs_per_sm"])
+            step.gdn_args = dict(block_v=block_v, release_early=tuned["release_early"])
         return step
 
     # -- one step ----------------------------------------------------------------------------------
@@ -423,7 +431,7 @@ class FusedDecoder:
         self._lin.linear(
             x, p.weight, out=out, residual=residual, norm_weight=p.norm_weight, norm_eps=plan.eps,
             norm_unit_offset=plan.unit_offset, swiglu=p.row_blocks == 2, short_conv=short_conv, config=p.config,
-            workspace=plan.linear_ws, pdl=self.pdl,
+            workspace=plan.linear_ws, pdl=self.pdl, placement=plan.placement,
         )
 
     def _linear_unfused(self, plan: StepPlan, p: LinearPlan, x: torch.Tensor, *, out: torch.Tensor | None,
@@ -451,6 +459,7 @@ class FusedDecoder:
                 self._attn.attention_decode(
                     proj, layer.q_norm, layer.k_norm, layer.inv_freq, cache.keys[i], cache.values[i], cache.lengths,
                     plan.attn_dims, plan.eps, plan.unit_offset, out=mixed, workspace=plan.attn_ws, pdl=pdl,
+                    **plan.attn_args,
                 )
             else:
                 proj, mixed = plan.proj["gdn"], plan.mixed["gdn"]
@@ -458,6 +467,7 @@ class FusedDecoder:
                 self._gdn.gdn_decode(
                     proj, cache.conv_states[i], layer.conv_weight, layer.A_log, layer.dt_bias, layer.norm_weight,
                     cache.recurrent_states[i], plan.gdn_dims, plan.eps, out=mixed, workspace=plan.gdn_ws, pdl=pdl,
+                    **plan.gdn_args,
                 )
             self._linear(plan, layer.out_proj, mixed, residual=h)
             self._linear(plan, layer.mlp.gate_up, h, out=plan.act)
@@ -466,7 +476,7 @@ class FusedDecoder:
             self._head.greedy_head(
                 h, plan.greedy.weight, norm_weight=plan.greedy.norm_weight, norm_eps=plan.eps,
                 norm_unit_offset=plan.unit_offset, tokens_out=plan.next_tokens, config=plan.greedy.config,
-                buffers=plan.head_buffers, workspace=plan.linear_ws, pdl=pdl,
+                buffers=plan.head_buffers, workspace=plan.linear_ws, pdl=pdl, placement=plan.placement,
             )
         else:
             self._linear(plan, plan.head, h, out=plan.logits)
@@ -539,7 +549,7 @@ class FusedDecoder:
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]. Under fused+graph, a
         prompt into a fresh cache replays the graph of its length, captured when the length comes
-        for the ``PREFILL_CAPTURE_AT``-th time (eager before)."""
+        for the ``prefill_policy["capture_at"]``-th time (eager before)."""
         cache = self.cache
         if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
             return self.forward_prefill(input_ids, last_only=True)[:, -1]
@@ -550,7 +560,7 @@ class FusedDecoder:
         while len(self._prefill_seen) > 64:
             self._prefill_seen.popitem(last=False)
         entry = self._prefill_graphs.get(T)
-        if entry is None and self._prefill_seen[T] < PREFILL_CAPTURE_AT:
+        if entry is None and self._prefill_seen[T] < self.prefill_policy["capture_at"]:
             return self.forward_prefill(input_ids, last_only=True)[:, -1]
         if entry is None:
             t0 = time.perf_counter()
@@ -558,7 +568,7 @@ class FusedDecoder:
             self.last_prefill_capture_s = time.perf_counter() - t0
             self.prefill_captures += 1
             self._prefill_graphs[T] = entry
-            while len(self._prefill_graphs) > PREFILL_GRAPHS:
+            while len(self._prefill_graphs) > self.prefill_policy["graphs"]:
                 self._prefill_graphs.popitem(last=False)  # the least recently used length
         self._prefill_graphs.move_to_end(T)
         entry.ids.copy_(input_ids)

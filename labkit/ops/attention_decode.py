@@ -106,11 +106,6 @@ def _attention_store(o, row, out_ptr, b, heads, gmask, d, dmask,
     tl.store(out_ptr + b * NH * HD + offs, cast(o, OUT_DTYPE, EMULATE_RTNE), mask=mask)
 
 
-# Under PDL, release the next kernel first thing (True) or at the end (False). Safe either way: the
-# next kernel waits for this whole grid before reading its outputs. Early is the default with the
-# projections' early release (labkit.ops.linear.PDL_PLACEMENT), measured fastest.
-PDL_RELEASE_EARLY = True
-
 @triton.jit
 def _attention_decode_kernel(
     proj_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, lengths_ptr, out_ptr,
@@ -240,14 +235,19 @@ class AttentionWorkspace:
         )
 
 
-def attention_chunk(max_len: int, head_dim: int) -> tuple[int, int]:
-    """(CHUNK, BLOCK_S): positions per program and per inner step. At most 64 chunks, so the merge
-    stays short; at least 256 positions per chunk, so short contexts need no merge at all."""
+def attention_chunk(max_len: int, head_dim: int, *, min_chunk: int = 256, max_chunks: int = 64) -> tuple[int, int]:
+    """(CHUNK, BLOCK_S): positions per program and per inner step. At most ``max_chunks`` chunks,
+    so the merge stays short; at least ``min_chunk`` positions per chunk, so short contexts need no
+    merge at all. The defaults are the heuristic (a GPU's own are its tuning file's:
+    ``labkit.tuning.settings("attention_decode")``)."""
     if interpreting():
         block_s = 16
         return max(block_s, min(64, next_pow2(max_len))), block_s
     block_s = 64 if head_dim <= 128 else 32
-    chunk = max(256, next_pow2(cdiv(max_len, 64)))
+    if min_chunk < block_s or min_chunk & (min_chunk - 1) or max_chunks < 1:
+        raise ValueError(f"min_chunk must be a power of two >= {block_s} and max_chunks >= 1, "
+                         f"got min_chunk={min_chunk}, max_chunks={max_chunks}")
+    chunk = max(min_chunk, next_pow2(cdiv(max_len, max_chunks)))
     return chunk, block_s
 
 
@@ -269,9 +269,15 @@ def attention_decode(
     block_s: int | None = None,
     num_warps: int | None = None,
     pdl: bool = False,
+    release_early: bool = True,
 ) -> torch.Tensor:
     """Attention output ``[B, nh*hd]`` for the new token; writes its k, v into ``keys``/``values`` at
-    ``lengths[b]`` (lengths are not advanced: that is the caller's, once per step)."""
+    ``lengths[b]`` (lengths are not advanced: that is the caller's, once per step).
+
+    ``chunk``: positions per program (default :func:`attention_chunk`'s). ``release_early``: under
+    PDL, release the next kernel first thing (True, the heuristic) or at the end (False); safe
+    either way, since the next kernel waits for this whole grid before reading its outputs (a GPU's
+    measured choice is its tuning file's, which the fused decoder passes)."""
     if not isinstance(dims, AttentionDims):
         raise TypeError(f"dims must be AttentionDims, got {type(dims).__name__}")
     if dims.num_heads % dims.num_kv_heads:
@@ -317,7 +323,7 @@ def attention_decode(
         NH=dims.num_heads, NKV=dims.num_kv_heads, HD=hd, ROT=dims.rotary_dim,
         GATE=dims.output_gate, UNIT_OFFSET=bool(unit_offset),
         G_PAD=max(16, next_pow2(dims.group)), HD_PAD=max(16, next_pow2(hd)), CHUNK=ch, BLOCK_S=bs,
-        OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl), RELEASE_EARLY=PDL_RELEASE_EARLY, **interpreter_flags(dtype),
+        OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl), RELEASE_EARLY=bool(release_early), **interpreter_flags(dtype),
         num_warps=num_warps, num_stages=2, launch_pdl=bool(pdl),
     )
     return out

@@ -91,11 +91,6 @@ def _gated_norm_store(o, z_row, norm_w_ptr, out_row, d, dmask, DV: tl.constexpr,
     tl.store(out_row + d, cast(y, OUT_DTYPE, EMULATE_RTNE), mask=dmask)
 
 
-# Under PDL, release the next kernel first thing (True) or at the end (False). Safe either way: the
-# next kernel waits for this whole grid before reading its outputs. Early is the default with the
-# projections' early release (labkit.ops.linear.PDL_PLACEMENT), measured fastest.
-PDL_RELEASE_EARLY = True
-
 @triton.jit
 def _gdn_decode_kernel(
     proj_ptr, conv_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
@@ -203,22 +198,28 @@ class GdnWorkspace:
         )
 
 
-def gdn_block_v(batch: int, dims: GdnDims) -> int:
-    """Value columns per program.
+def gdn_block_v(batch: int, dims: GdnDims, *, block_v: int = 32, narrow_block_v: int = 16,
+                programs_per_sm: int = 2) -> int:
+    """Value columns per program: ``block_v`` where that still gives ``programs_per_sm`` programs
+    per SM, else ``narrow_block_v`` (each at most the head, padded to a power of two).
 
-    Measured on the H200 (notebook 02; data/bench/nvidia-h200/fusion-evidence.json, "block_v"), for
-    128 x 128 heads: blocks of 16-32 columns (8-16 KB of float32 state per program) beat finer
-    splits, which repeat the per-head work (gates, q/k norms) in more programs, and whole heads,
-    which at batch 1 launch one program per head (16 on 132 SMs). Whole heads also spill a few
-    registers, yet at batch 16 (256 programs) they match the best: the grid is what costs. So: 32
-    columns where that still gives ~2 programs per SM, else 16.
+    The defaults are the heuristic, the H200's measurement (notebook 02;
+    data/bench/nvidia-h200/fusion-evidence.json, "block_v"; a GPU's own are its tuning file's,
+    ``labkit.tuning.settings("gated_delta_decode")``), for 128 x 128 heads: blocks of 16-32 columns
+    (8-16 KB of float32 state per program) beat finer splits, which repeat the per-head work (gates,
+    q/k norms) in more programs, and whole heads, which at batch 1 launch one program per head (16
+    on 132 SMs). Whole heads also spill a few registers, yet at batch 16 (256 programs) they match
+    the best: the grid is what costs.
     """
+    for name, v in (("block_v", block_v), ("narrow_block_v", narrow_block_v)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
     whole = next_pow2(dims.v_head_dim)
     if interpreting():
         return whole
-    if batch * dims.num_v_heads * cdiv(dims.v_head_dim, 32) >= 2 * num_sms():
-        return min(32, whole)
-    return min(16, whole)
+    if batch * dims.num_v_heads * cdiv(dims.v_head_dim, block_v) >= programs_per_sm * num_sms():
+        return min(block_v, whole)
+    return min(narrow_block_v, whole)
 
 
 def gdn_decode(
@@ -237,9 +238,14 @@ def gdn_decode(
     block_v: int | None = None,
     num_warps: int | None = None,
     pdl: bool = False,
+    release_early: bool = True,
 ) -> torch.Tensor:
     """One Gated DeltaNet decode step: returns ``out [B, nv*dv]`` (gated-normed, for out_proj) and
-    updates ``conv_state`` [B, KW-1, C] and the float32 ``state`` [B, nv, dk, dv] in place."""
+    updates ``conv_state`` [B, KW-1, C] and the float32 ``state`` [B, nv, dk, dv] in place.
+
+    ``block_v``: value columns per program (default :func:`gdn_block_v`'s). ``release_early``:
+    under PDL, release the next kernel first thing (True, the heuristic) or at the end (False);
+    safe either way, since the next kernel waits for this whole grid before reading its outputs."""
     if not isinstance(dims, GdnDims):
         raise TypeError(f"dims must be GdnDims, got {type(dims).__name__}")
     if dims.num_v_heads % dims.num_k_heads:
@@ -290,7 +296,7 @@ def gdn_decode(
         NK=dims.num_k_heads, NV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim, KW=kw, KW_PAD=next_pow2(kw),
         BLOCK_DK=next_pow2(dims.k_head_dim), BLOCK_DV=next_pow2(dims.v_head_dim), BLOCK_V=block,
         SHARED_QK=group * n_vb > 1, SPLIT_V=n_vb > 1, OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl),
-        RELEASE_EARLY=PDL_RELEASE_EARLY, **interpreter_flags(dtype), num_warps=num_warps, launch_pdl=bool(pdl),
+        RELEASE_EARLY=bool(release_early), **interpreter_flags(dtype), num_warps=num_warps, launch_pdl=bool(pdl),
     )
     return out
 

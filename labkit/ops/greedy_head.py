@@ -23,7 +23,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .launch import cdiv, check_devices, check_tensor
-from .linear import LinearConfig, LinearWorkspace, launch_linear, linear_config
+from .linear import LinearConfig, LinearWorkspace, PdlPlacement, launch_linear, linear_config
 from .norm import rms_norm_ref
 
 
@@ -83,11 +83,13 @@ def greedy_head(
     buffers: GreedyHeadBuffers | None = None,
     workspace: LinearWorkspace | None = None,
     pdl: bool = False,
+    placement: PdlPlacement | None = None,
 ) -> torch.Tensor:
     """``argmax(norm(x) @ weight^T, -1)`` as int64 [M] for x [M, K], weight [V, K].
 
     ``logits_out`` [M, V], when given, receives the logits too. ``buffers`` (per-tile winners,
-    sized for ``config``) and ``tokens_out`` let a CUDA graph reuse fixed memory.
+    sized for ``config``) and ``tokens_out`` let a CUDA graph reuse fixed memory. ``placement``:
+    the projection's PDL placement (see :func:`labkit.ops.linear.launch_linear`).
     """
     check_tensor("weight", weight)
     if x.dim() != 2 or weight.dim() != 2:
@@ -105,7 +107,7 @@ def greedy_head(
     launch_linear(
         x, weight, out=logits_out, norm_weight=norm_weight, norm_eps=norm_eps, norm_unit_offset=norm_unit_offset,
         config=cfg, workspace=workspace, pdl=pdl, store_out=logits_out is not None,
-        best_val=buffers.best_val, best_idx=buffers.best_idx,
+        best_val=buffers.best_val, best_idx=buffers.best_idx, placement=placement,
     )
     n_tiles = buffers.best_val.shape[1]
     block = min(4096, triton.next_power_of_2(n_tiles))

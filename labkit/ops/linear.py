@@ -37,8 +37,8 @@ previous one still runs: its weights depend on nothing that kernel writes, so th
 each program can be loaded before ``gdc_wait``, and the next kernel can be released
 (``gdc_launch_dependents``) at once, after the wait, or after the K loop (:class:`PdlPlacement`).
 Any release point is safe: the next kernel's own wait orders it after this whole grid. The default
-is :data:`PDL_PLACEMENT`, the fastest placement measured in the chained step
-(``python -m labkit bench chain --placements ...``).
+(preload, release early) is the heuristic; the placement measured fastest on a GPU in the chained
+step (``python -m labkit bench chain --placements ...``) is in its tuning file.
 Block sizes are arguments (:class:`LinearConfig`), chosen by :func:`linear_config` from a table of
 measured winners, when the caller passes one, or a heuristic. There is no ``triton.autotune``: it
 would benchmark by running the kernel repeatedly, which corrupts in-place residual outputs and
@@ -80,10 +80,10 @@ from .norm import rms_norm_ref
 # -- kernel -------------------------------------------------------------------------------------------
 @device_function
 def _linear_epilogue(
-    acc, acc1, acc2, res_tile, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+    acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
     out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
     OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KW: tl.constexpr,
-    RESIDUAL: tl.constexpr, RES_LOADED: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
+    RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     mask = m_mask[:, None] & n_mask[None, :]
@@ -118,10 +118,7 @@ def _linear_epilogue(
         tl.store(state + (KW - 2) * N, bx, mask=mask)
         y = gate_c * y
     elif RESIDUAL:
-        if RES_LOADED:  # loaded right after the wait, off this tail's critical path
-            y = res_tile.to(tl.float32) + acc
-        else:
-            y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + acc
+        y = tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32) + acc
         tl.debug_barrier()  # out may be the residual itself: all reads before any write
     else:
         y = acc
@@ -150,18 +147,16 @@ def _linear_kernel(
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr, NORM_AFTER: tl.constexpr,
-    RESIDUAL_EARLY: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
         acc_r[m, n] = sum_k xn[m, k] * W[r * N + n, k]        r < ROW_BLOCKS (1; 2 for SwiGLU; 3 for the short conv)
         xn = x, or with NORM: xn[m, k] = x[m, k] / sqrt(mean_k' x[m, k']^2 + eps) * w[k] (or 1 + w[k]),
 
-    xn rounded to the weight dtype (what a separate norm would have stored; with NORM_AFTER the tl.dot
-    loop rounds x * w instead and scales acc_r by rstd after the loop: :data:`NORM_AFTER_DOT`).
-    The epilogue adds the residual (loaded right after the wait with RESIDUAL_EARLY), or takes silu(acc_0) * acc_1, or runs the gated short conv on (B, C, x) =
-    (acc_0, acc_1, acc_2) with its state, or stores per-tile argmaxes.
+    xn rounded to the weight dtype (what a separate norm would have stored). The epilogue adds the
+    residual (loaded after the K loop), or takes silu(acc_0) * acc_1, or runs the gated short conv on
+    (B, C, x) = (acc_0, acc_1, acc_2) with its state, or stores per-tile argmaxes.
     Grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)); W is [ROW_BLOCKS * N, K], row-major.
     """
     pid_n = tl.program_id(0)
@@ -213,11 +208,6 @@ def _linear_kernel(
                 wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 3:
                 wt2 = tl.load(w2 + kk, mask=w_mask, other=0.0)
-        if RESIDUAL_EARLY:
-            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
-                               other=0.0)
-        else:
-            res_tile = 0.0
         xf = tl.load(x_rows + kk, mask=m_mask[:, None] & (kk < k_hi), other=0.0).to(tl.float32)  # [1, BLOCK_K]
         if NORM:
             if WHOLE_ROW:
@@ -277,12 +267,7 @@ def _linear_kernel(
             gdc_wait()
             if RELEASE == 2:
                 gdc_launch_dependents()
-        if RESIDUAL_EARLY:
-            res_tile = tl.load(res_ptr + offs_m[:, None] * N + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
-                               other=0.0)
-        else:
-            res_tile = 0.0
-        if NORM and not NORM_AFTER:
+        if NORM:
             # a pass over the rows first (as on main: a [BLOCK_M, BLOCK_K] accumulator held across it
             # measured slower at batch 16)
             sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -292,9 +277,6 @@ def _linear_kernel(
                 xv = xv.to(tl.float32)
                 sum_sq += tl.sum(xv * xv, axis=1)
             rstd = tl.rsqrt(sum_sq / K + eps)
-        if NORM_AFTER:
-            # squares of the x tiles this loop loads anyway, per lane; reduced once after the loop
-            sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -311,12 +293,7 @@ def _linear_kernel(
                 nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
                 if UNIT_OFFSET:
                     nw = nw + 1.0
-                if NORM_AFTER:
-                    xf = xv.to(tl.float32)
-                    sq += xf * xf
-                    xv = cast(xf * nw, w_dtype, EMULATE_RTNE)
-                else:
-                    xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
+                xv = cast(xv.to(tl.float32) * rstd[:, None] * nw, w_dtype, EMULATE_RTNE)
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 2:
                 wt1 = tl.load(w1 + kk, mask=w_mask, other=0.0)
@@ -331,18 +308,11 @@ def _linear_kernel(
     if USE_PDL and RELEASE == 0:
         gdc_launch_dependents()
 
-    if NORM_AFTER:
-        sum_sq = tl.sum(sq, axis=1)  # this split's share of each row's sum of squares
     if SPLIT_K == 1:
-        if NORM_AFTER:
-            rstd = tl.rsqrt(sum_sq / K + eps)[:, None]
-            acc *= rstd
-            acc1 *= rstd
-            acc2 *= rstd
         _linear_epilogue(
-            acc, acc1, acc2, res_tile, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+            acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
             out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
-            OUT_DTYPE, BLOCK_N, KW, RESIDUAL, RESIDUAL_EARLY, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
+            OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
         )
     else:
         # partials[s, m, r * N + n] in float32; the last program of the tile sums them in split order
@@ -355,10 +325,6 @@ def _linear_kernel(
             tl.store(mine + N, acc1, mask=tile_mask)
         if ROW_BLOCKS >= 3:
             tl.store(mine + 2 * N, acc2, mask=tile_mask)
-        if NORM_AFTER:
-            # squares[s, m] after the partials; every column tile writes the same values for its rows
-            squares = part_ptr + SPLIT_K * M * rows_w + offs_m
-            tl.store(squares + pid_k * M, sum_sq, mask=m_mask)
         tile = pid_m * tl.num_programs(0) + pid_n
         if arrive(count_ptr + tile, SPLIT_K):
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -371,18 +337,10 @@ def _linear_kernel(
                     total1 += tl.load(theirs + N, mask=tile_mask, other=0.0, cache_modifier=".cg")
                 if ROW_BLOCKS >= 3:
                     total2 += tl.load(theirs + 2 * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
-            if NORM_AFTER:
-                total_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
-                    total_sq += tl.load(squares + s * M, mask=m_mask, other=0.0, cache_modifier=".cg")
-                rstd = tl.rsqrt(total_sq / K + eps)[:, None]
-                total *= rstd
-                total1 *= rstd
-                total2 *= rstd
             _linear_epilogue(
-                total, total1, total2, total, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+                total, total1, total2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
                 out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
-                OUT_DTYPE, BLOCK_N, KW, RESIDUAL, False, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
+                OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
             )
 
 
@@ -405,30 +363,13 @@ class PdlPlacement:
             raise ValueError(f"PdlPlacement.release must be one of {sorted(RELEASES)}, got {self.release!r}")
 
 
-# The placement PDL launches use unless told otherwise, measured in the chained step (labkit.bench.chain,
-# H200, 2026-12-01). With the weights-first loop, preloading the first tile before the wait and
-# releasing the dependents first thing is the fastest: LFM2-350M's 65 projections 0.327 ms against
-# 0.357 without the preload (Qwen3.5-0.8B 0.631 against 0.660). With the old loop (input and norm
-# first) the preload had been slower (0.392 against 0.357 ms): it held the first tile through the
-# norm's pass and chose it by a branch in the K loop.
-PDL_PLACEMENT = PdlPlacement(preload=True, release="early")
-
-# How the tl.dot loop (batch >= 2) applies the norm prologue. False (measured: True made LFM2-350M's
-# batch-16 chain 0.950 ms against 0.669, decode 15,900 against 23,000 tok/s on the H200,
-# 2026-12-01; its in-loop x * w and squares cost more than the pass they replace): a pass over the input rows for
-# their statistics first, then xn = x * rstd * w rounded to the weight dtype in the loop, exactly what
-# a separate norm would have stored. True: no pass before the loop; the loop rounds x * w, sums the
-# squares of the x tiles it loads anyway, and the float32 dot products are scaled by rstd after it
-# (split K: each split's squares go to the workspace, the last program sums them). The same maths,
-# rounded at a different point (about one bfloat16 unit in the last place of some outputs); not for
-# float16, where x * w unscaled could overflow. To be chosen by the chained step's measurement.
-NORM_AFTER_DOT = False
-
-# Whether a residual epilogue without split K loads its residual tile right after the wait (True),
-# so that the tail of the kernel is the store alone, or after the K loop (False), as it always did.
-# Measured in the chained step at batch 1 (H200, 2026-12-01, PDL preload+early): the late load is
-# as fast or faster (LFM2-350M 0.324 vs 0.327 ms, Qwen3.5-0.8B 0.611 vs 0.631 ms), so it stays.
-RESIDUAL_FIRST = False
+# The default placement, PdlPlacement() (preload, release early), is the heuristic; a GPU's measured
+# placement is its tuning file's (labkit.tuning.pdl_placement), which the fused decoder passes.
+#
+# Two forms measured slower and left the kernel (their figures: data/bench/nvidia-h200/linear-variants.json):
+# the tl.dot loop's norm applied after the dot (the squares summed in the loop, the float32 sums scaled
+# by rstd after it: LFM2-350M's batch-16 chain 0.950 ms against 0.669), and the residual tile loaded
+# right after the PDL wait (as fast or slower than after the K loop at batch 1).
 
 
 @dataclass(frozen=True)
@@ -564,8 +505,7 @@ class LinearWorkspace:
         """(partials, counters) elements a launch of m rows, n outputs per row block needs."""
         if config.split_k == 1:
             return 0, 0
-        # partial sums, then each split's sums of squares per row (the tl.dot loop's norm, see the kernel)
-        return config.split_k * m * (row_blocks * n + 1), cdiv(n, config.block_n) * cdiv(m, config.block_m)
+        return config.split_k * m * row_blocks * n, cdiv(n, config.block_n) * cdiv(m, config.block_m)
 
     @classmethod
     def allocate(cls, partials: int, counters: int, device: torch.device | str) -> "LinearWorkspace":
@@ -632,7 +572,8 @@ def launch_linear(
     placement: PdlPlacement | None = None,
 ) -> torch.Tensor | None:
     """:func:`linear`, plus the greedy-head epilogue (``best_val``/``best_idx`` [M, n_tiles]) and
-    the PDL placement (default :data:`PDL_PLACEMENT`; ignored without ``pdl``)."""
+    the PDL placement (default ``PdlPlacement()``, the heuristic; the fused decoder passes the
+    tuning file's, :func:`labkit.tuning.pdl_placement`; ignored without ``pdl``)."""
     check_tensor("weight", weight, dtype=FLOAT_DTYPES)
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
@@ -704,7 +645,7 @@ def launch_linear(
             )
         check_devices(x=x, partials=workspace.partials, counters=workspace.counters)
         part, count = workspace.partials, workspace.counters
-    placement = PDL_PLACEMENT if placement is None else placement
+    placement = PdlPlacement() if placement is None else placement
     if not isinstance(placement, PdlPlacement):
         raise TypeError(f"placement must be a PdlPlacement, got {type(placement).__name__}")
     argmax = best_val is not None
@@ -724,8 +665,6 @@ def launch_linear(
         STORE_OUT=out is not None and store_out,
         ARGMAX=argmax, EVEN_K=even_k, USE_PDL=bool(pdl), PRELOAD=bool(pdl) and placement.preload,
         RELEASE=RELEASES[placement.release], WHOLE_ROW=cfg.split_k == 1 and k <= cfg.block_k,
-        NORM_AFTER=NORM_AFTER_DOT and norm_weight is not None and cfg.block_m >= 16 and dtype != torch.float16,
-        RESIDUAL_EARLY=RESIDUAL_FIRST and residual is not None and cfg.split_k == 1,
         **interpreter_flags(dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=bool(pdl),
     )

@@ -406,22 +406,16 @@ def _norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, 
     tl.store(out_ptr + r[:, None] * D + c[None, :], cast(y, OUT_DTYPE, EMULATE_RTNE), mask=m)
 
 
-# _norm_rope_kernel's ROTATED_ONLY (see there), the launcher's default, and its warps. On the H200
-# (2026-12-01, Qwen3.5-0.8B's q and k at 4,096 tokens: 8 / 2 heads x 256, 64 channels rotated) the
-# rotated-only form at 4 warps took 19.0 / 16.2 us against 74.3 / 24.0 us for the all-angles form at
-# 8 warps (tools/gpu_experiments/gdn-speed.sh), with the same bits.
-NORM_ROPE_ROTATED_ONLY = True
-NORM_ROPE_WARPS = 4
-
-
 def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                   eps: float, unit_offset: bool = False, *, rotated_only: bool | None = None,
+                   eps: float, unit_offset: bool = False, *, rotated_only: bool = True,
                    num_warps: int | None = None) -> torch.Tensor:
     """:func:`labkit.ops.mixers.norm_rope_ref` in one kernel: x [B, T, H, D] with unit stride along D
     (a view of the projection), weight [D], positions [B, T] integer, inv_freq [r/2] float32.
-    Returns a contiguous [B, T, H, D] in x's dtype. rotated_only: the kernel's form (None:
-    ``NORM_ROPE_ROTATED_ONLY``); num_warps: its warps (None: ``NORM_ROPE_WARPS`` for the rotated-only
-    form, 8 for the other, which spills at 4 on sm_90)."""
+    Returns a contiguous [B, T, H, D] in x's dtype. rotated_only: the kernel's form
+    (``_norm_rope_kernel``'s ROTATED_ONLY); num_warps: its warps (None: 4 for the rotated-only form,
+    8 for the other, which spills at 4 on sm_90). The defaults are the heuristic, the H200's
+    measurement (its tuning file's ``norm_rope`` settings, with the figures), which the fused
+    prefill passes for the GPU at hand (``labkit.tuning.settings("norm_rope")``)."""
     check_tensor("x", x, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
     B, T, H, D = x.shape
     if x.stride(3) != 1:
@@ -439,12 +433,12 @@ def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
     if rows == 0:
         return out
     block_r = _rows_block(D)
-    rotated_only = NORM_ROPE_ROTATED_ONLY if rotated_only is None else bool(rotated_only)
+    rotated_only = bool(rotated_only)
     _norm_rope_kernel[(cdiv(rows, block_r),)](
         x, weight, positions, inv_freq, out, rows, T, H, x.stride(0), x.stride(1), x.stride(2), eps,
         D=D, HALF=half, BLOCK_R=block_r, BLOCK_D=next_pow2(D), UNIT_OFFSET=bool(unit_offset),
         OUT_DTYPE=TORCH_TO_TL[x.dtype], **interpreter_flags(x.dtype),
         ROTATED_ONLY=rotated_only, BLOCK_H=next_pow2(half),
-        num_warps=num_warps or (NORM_ROPE_WARPS if rotated_only else 8),
+        num_warps=num_warps or (4 if rotated_only else 8),
     )
     return out

@@ -46,14 +46,13 @@ def test_timeline_shows_every_kernel_in_order(real_model):
         assert ends == sorted(ends)  # each waits for the one before: ends stay in launch order
 
 
-def test_pdl_decode_with_early_release_matches_plain_graph(real_model, monkeypatch):
+def test_pdl_decode_with_early_release_matches_plain_graph(real_model):
+    from labkit import tuning
     from labkit.decode.registry import make_decoder
-    from labkit.ops import attention_decode, gated_delta_decode
-    from labkit.ops import linear as linear_mod
 
-    monkeypatch.setattr(linear_mod, "PDL_PLACEMENT", PdlPlacement(True, "early"))
-    for mod in (attention_decode, gated_delta_decode):
-        monkeypatch.setattr(mod, "PDL_RELEASE_EARLY", True)
+    # the decoder launches with the GPU's tuned placement: on the H200, preload + early release everywhere
+    assert tuning.pdl_placement("cuda") == PdlPlacement(True, "early")
+    assert all(tuning.settings(k, "cuda")["release_early"] for k in ("attention_decode", "gated_delta_decode"))
     for preset in REAL_PRESETS:
         model = real_model(preset)
         prompt = torch.randint(0, model.cfg.vocab_size, (3, 7), device="cuda", generator=torch.Generator("cuda").manual_seed(0))

@@ -1,0 +1,102 @@
+"""The ``settings`` section: per kernel, the launch settings measured on one GPU model.
+
+    "settings": {"attention_decode": {"values": {"min_chunk": 256, "max_chunks": 64, "release_early": true},
+                                      "source": "...", "measured": "..."}, ...}
+
+``values`` may name any subset of the kernel's settings (the rest keep the heuristic); every other
+key of a kernel's entry is its provenance, kept as written. :data:`HEURISTICS` is what a GPU
+without a value gets: today the H200's measured winners, the only measurements there are, which
+the H200's own file repeats with their figures (so its behaviour does not depend on this table).
+The ops take each setting as a parameter whose default is the value here; the callers that run
+the model (the fused decoder, its prefill) pass the value :func:`labkit.tuning.settings` gives.
+
+Kernels and settings (names are the parameters of the function that takes them):
+
+- ``linear``: ``pdl_preload``, ``pdl_release``: :class:`labkit.ops.linear.PdlPlacement`, where a
+  PDL launch of the skinny GEMM preloads its first weight tile and releases its dependents;
+- ``attention_decode``: ``min_chunk``, ``max_chunks`` (:func:`labkit.ops.attention_decode.attention_chunk`:
+  positions per program, ``max(min_chunk, next_pow2(max_len / max_chunks))``) and ``release_early``
+  (:func:`~labkit.ops.attention_decode.attention_decode` under PDL);
+- ``gated_delta_decode``: ``block_v``, ``narrow_block_v``, ``programs_per_sm``
+  (:func:`labkit.ops.gated_delta_decode.gdn_block_v`: ``block_v`` value columns per program where
+  that still gives ``programs_per_sm`` programs per SM, else ``narrow_block_v``) and ``release_early``;
+- ``norm_rope``: ``rotated_only``, ``num_warps`` (:func:`labkit.ops.prefill_fusions.norm_rope_rows`);
+- ``fused_prefill``: ``capture_at`` (a prompt length's prefill is captured in a CUDA graph when it
+  comes this many times) and ``graphs`` (lengths kept) of the fused+graph decoder;
+- ``chunk_delta_rule``: the launch settings of :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`
+  (``block_v``, ``num_warps``, ``num_stages`` of the walk; ``prepare_warps``; ``output_block_v``,
+  ``output_warps`` of the deferred outputs; ``single_block_v``, ``single_warps`` of the
+  single-chunk kernel), each as its keyword argument of that name takes it.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from .files import TuningFileError
+from .linear import is_int
+
+
+def _pow2(v: Any) -> str | None:
+    return None if is_int(v) and v >= 1 and v & (v - 1) == 0 else "a power of two >= 1"
+
+
+def _positive(v: Any) -> str | None:
+    return None if is_int(v) and v >= 1 else "a positive integer"
+
+
+def _boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def _release(v: Any) -> str | None:
+    releases = ("end", "early", "after_wait")  # labkit.ops.linear.RELEASES (checked equal by the tests)
+    return None if v in releases else f"one of {list(releases)}"
+
+
+# kernel -> setting -> (heuristic value, check: None if valid, else what it must be)
+SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
+    "linear": {"pdl_preload": (True, _boolean), "pdl_release": ("early", _release)},
+    "attention_decode": {"min_chunk": (256, _pow2), "max_chunks": (64, _positive), "release_early": (True, _boolean)},
+    "gated_delta_decode": {"block_v": (32, _pow2), "narrow_block_v": (16, _pow2), "programs_per_sm": (2, _positive),
+                           "release_early": (True, _boolean)},
+    "norm_rope": {"rotated_only": (True, _boolean), "num_warps": (4, _pow2)},
+    "fused_prefill": {"capture_at": (2, _positive), "graphs": (4, _positive)},
+    "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
+                         "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
+                         "single_block_v": (128, _pow2), "single_warps": (4, _pow2)},
+}
+KERNELS = tuple(SPECS)
+HEURISTICS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {kernel: MappingProxyType({name: value for name, (value, _) in spec.items()}) for kernel, spec in SPECS.items()})
+
+
+def check_kernel(kernel: Any) -> str:
+    if kernel not in SPECS:
+        raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+    return kernel
+
+
+def check_section(section: Any, where: str) -> None:
+    """Every kernel known, every value one of its settings and valid."""
+    if not isinstance(section, dict):
+        raise TuningFileError(f"{where}: 'settings' must be an object of kernels, got {type(section).__name__}")
+    for kernel, entry in section.items():
+        at = f"{where}: settings.{kernel}"
+        if kernel not in SPECS:
+            raise TuningFileError(f"{at}: no such kernel (kernels: {list(KERNELS)})")
+        if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
+            raise TuningFileError(f"{at}: each kernel needs a 'values' object, got {entry!r}")
+        for name, value in entry["values"].items():
+            if name not in SPECS[kernel]:
+                raise TuningFileError(f"{at}.values.{name}: no such setting (settings: {list(SPECS[kernel])})")
+            wrong = SPECS[kernel][name][1](value)
+            if wrong:
+                raise TuningFileError(f"{at}.values.{name} must be {wrong}, got {value!r}")
+
+
+def merged(kernel: str, doc: dict | None) -> Mapping[str, Any]:
+    """``kernel``'s settings: the (checked) document's values over the heuristic's."""
+    values = {} if doc is None else doc.get("settings", {}).get(kernel, {}).get("values", {})
+    return MappingProxyType({**HEURISTICS[kernel], **values})
