@@ -45,6 +45,10 @@ VARIANTS = {
                                                products="blocks", prepare_warps=8),
     "split-prepare+deferred+rows+full": dict(prepare="split", defer_outputs=True, invert="rows",
                                              products="full"),
+    # the two other forms of today's defaults, for the record before they are deleted (issue 23):
+    # the split prepare's two kernels in one program per chunk, and P stored by the prepare
+    "merged-prepare": dict(prepare="merged", prepare_warps=8),
+    "stored-p": dict(recompute_p=False),
     # the defaults with one output program per chunk (it forms P once, not per 64 columns): 25 us
     # faster at T = 16,384 with the [128, 32] walk in gdn-speed's round B, not timed with today's walk
     "default+ob128": dict(output_block_v=128),
