@@ -73,7 +73,7 @@ def test_no_initial_state_and_grouped_heads(device):
     """Three value heads per key head, value columns in two blocks of 16, no initial state."""
     q, k, v, g, beta, _ = _inputs(2, 70, 1, 3, 16, 20, seed=5, device=device)
     o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta)
-    o, s = _run(q, k, v, g, beta, None, walk_block_v=16)
+    o, s = _run(q, k, v, g, beta, None, block_v=16)
     assert rel_err(o, o_ref) < 1e-5
     assert rel_err(s, s_ref) < 1e-5
 
@@ -114,8 +114,8 @@ def test_packed_partial_chunks_with_other_settings(dtype, device):
     state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(42)).to(device)
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
-    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, walk_block_v=16, walk_warps=2, walk_stages=1,
-                solve_warps=2, products_warps=2, output_block_v=16, output_warps=2)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, block_v=16, num_warps=2, num_stages=1,
+                prepare_warps=2, products_warps=2, output_block_v=16, output_warps=2)
     assert rel_err(o, o_ref) < BOUND[dtype]
     assert rel_err(s, s_ref) < BOUND[dtype]
 
@@ -137,12 +137,12 @@ def test_several_key_heads(Hk, Hv, dtype, device):
 def test_bad_settings_are_refused(device):
     q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
     a = (q, k, v, g, beta, state)
-    for name, value, match in [("walk_block_v", 24, "walk_block_v must be a power of two >= 16, got 24"),
+    for name, value, match in [("block_v", 24, "block_v must be a power of two >= 16, got 24"),
                                ("output_block_v", 8, "output_block_v must be a power of two >= 16, got 8"),
                                ("products_warps", 3, "products_warps must be a power of two >= 1, got 3"),
-                               ("solve_warps", 0, "solve_warps must be a power of two >= 1, got 0"),
-                               ("walk_warps", None, "walk_warps must be a power of two >= 1, got None"),
-                               ("walk_stages", 0, "walk_stages must be a number of stages >= 1, got 0")]:
+                               ("prepare_warps", 0, "prepare_warps must be a power of two >= 1, got 0"),
+                               ("num_warps", None, "num_warps must be a power of two >= 1, got None"),
+                               ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0")]:
         with pytest.raises(ValueError, match=match):
             chunk_delta_rule(*a, **{name: value})
     with pytest.raises(TypeError, match="prepare"):  # the forms that measured slower are gone
@@ -173,7 +173,7 @@ def test_packed_sequences(device, scrambled_grid):
     state = torch.randn(len(LENGTHS), 2, 16, 24, generator=torch.Generator().manual_seed(22)).to(device)
     cu = torch.tensor([0] + LENGTHS, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, LENGTHS)
-    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, walk_block_v=16)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, block_v=16)
     assert rel_err(o, o_ref) < 1e-5
     assert rel_err(s, s_ref) < 1e-5
     assert torch.equal(s[2], state[2])  # no tokens: the initial state comes back
@@ -233,8 +233,8 @@ def test_bad_inputs_are_refused(device):
         chunk_delta_rule(**{**a, "g": a["g"][:, :99].contiguous()})
     with pytest.raises(ValueError, match="out must have shape"):
         chunk_delta_rule(**a, out=torch.empty(1, 100, 2, 8, device=device))
-    with pytest.raises(ValueError, match="walk_block_v must be a power of two >= 16"):
-        chunk_delta_rule(**a, walk_block_v=24)
+    with pytest.raises(ValueError, match="block_v must be a power of two >= 16"):
+        chunk_delta_rule(**a, block_v=24)
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         chunk_delta_rule(**a, cu_seqlens=torch.tensor([0, 100], device="meta"))
     with pytest.raises(ValueError, match="must not overlap"):

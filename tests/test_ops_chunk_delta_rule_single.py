@@ -159,7 +159,7 @@ def test_auto_takes_the_single_path_only_where_it_fits(device, single_calls, mon
 
     assert call([64, 1, 1]) == 1  # all one chunk, 3 x 2 <= 132 programs
     assert call([65, 64]) == 1  # a 65-token sequence: two chunks, the multi-kernel path
-    assert call([64, 1], walk_block_v=16, walk_warps=2) == 2  # the other path's settings leave the choice alone
+    assert call([64, 1], block_v=16, num_warps=2) == 2  # the other path's settings leave the choice alone
     assert call([64, 1], single_chunk=False) == 2
     assert call([64, 1], single_chunk=True) == 3
     monkeypatch.setattr(cdr, "num_sms", lambda: 5)

@@ -39,7 +39,7 @@ VARIANTS = {
     # one output program per chunk (it forms P once, not per 64 columns): 0.796 -> 0.775 ms at
     # T = 16,384 (data/bench/nvidia-h200/gdn-prefill.json)
     "default+ob128": dict(output_block_v=128),
-    "walk-bv32": dict(walk_block_v=32),
+    "bv32": dict(block_v=32),
     # a prefix-cache hit's tail (every sequence <= 64 tokens): the single-chunk kernel against the
     # multi-kernel path; e.g. --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
     "multi-kernel": dict(single_chunk=False),

@@ -2,7 +2,7 @@
 machine without one, and report registers, spills and shared memory per kernel variant.
 
     python -m labkit.lab.compile_check_prefill                 # sm_90 (H100/H200), Qwen3.5 shapes
-    python -m labkit.lab.compile_check_prefill --walk-block-v 32 64 --walk-warps 4 8 --walk-stages 1 2 3
+    python -m labkit.lab.compile_check_prefill --block-v 32 64 --num-warps 4 8 --num-stages 1 2 3
 
 The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.lab.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
@@ -23,7 +23,7 @@ import torch
 
 SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS")
 # chunk_delta_rule's launch settings of the chunk path, each an option of this command
-CHUNK_SETTINGS = ("walk_block_v", "walk_warps", "walk_stages", "solve_warps", "products_warps", "output_block_v",
+CHUNK_SETTINGS = ("block_v", "num_warps", "num_stages", "prepare_warps", "products_warps", "output_block_v",
                   "output_warps")
 
 

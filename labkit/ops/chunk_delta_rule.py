@@ -105,18 +105,18 @@ from .launch import (
 CHUNK = 64  # tokens per chunk: 4 blocks of SUB for the triangular inverse
 SUB = 16  # the triangular inverse's block (tl.dot's smallest tile)
 MAX_HEAD_DIM = 256
-# The launch settings: chunk_delta_rule's keyword arguments of the same names take these as their
-# defaults (the heuristic a GPU without a tuning file runs). Measured on the H200 (2026-12-01,
+# The launch settings, the defaults of chunk_delta_rule's keyword arguments (block_v, num_warps,
+# num_stages of the walk; prepare_warps; output_block_v, output_warps; single_block_v, single_warps:
+# the heuristic a GPU without a tuning file runs). Measured on the H200 (2026-12-01,
 # tools/gpu_experiments/gdn-speed.sh, B = 1, 16 heads, K = V = 128, beside fla 0.6.0 at 0.172 / 0.632
 # ms): [128, 16] walk slices at 4 warps with P formed by the output kernel took 0.210 / 0.788 ms at
 # T = 4,096 / 16,384, against 0.239 / 0.913 for [128, 32] slices at 8 warps with P stored; 64
 # columns were slower. The solve and products were faster at 4 warps than at 8 (two or more
-# programs per SM); at K < 128 everything runs at 4.
+# programs per SM).
 WALK_BLOCK_V = 16  # value columns per walk program (a [128, 16] float32 state slice)
 WALK_WARPS = 4
 WALK_STAGES = 2  # software-pipelining stages of the walk's loop
-SOLVE_WARPS = 4
-PRODUCTS_WARPS = 4
+PREPARE_WARPS = 4
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
 # The single-chunk kernel's value columns per program (the whole head of Qwen3.5's 128) and warps:
@@ -660,11 +660,11 @@ def chunk_delta_rule(
     checkpoints: torch.Tensor | None = None,
     checkpoint_every: int | None = None,
     single_chunk: bool | None = None,
-    walk_block_v: int | None = None,
-    walk_warps: int = WALK_WARPS,
-    walk_stages: int = WALK_STAGES,
-    solve_warps: int = SOLVE_WARPS,
-    products_warps: int = PRODUCTS_WARPS,
+    block_v: int | None = None,
+    num_warps: int = WALK_WARPS,
+    num_stages: int = WALK_STAGES,
+    prepare_warps: int = PREPARE_WARPS,
+    products_warps: int | None = None,
     output_block_v: int | None = None,
     output_warps: int = OUTPUT_WARPS,
     single_block_v: int | None = None,
@@ -699,9 +699,10 @@ def chunk_delta_rule(
     measured on the H200; none changes the result beyond rounding order). Block widths are value
     columns per program, a power of two >= 16; None: the constant, capped at the head's width
     (rounded up to a power of two). Warps are powers of two.
-        walk_block_v (``WALK_BLOCK_V``; whole heads in the interpreter: :func:`prefill_block_v`),
-        walk_warps, walk_stages (software-pipelining stages): the sequential walk;
-        solve_warps, products_warps: the triangular solve and the W / U0 products;
+        block_v (``WALK_BLOCK_V``; whole heads in the interpreter: :func:`prefill_block_v`),
+        num_warps, num_stages (software-pipelining stages): the sequential walk;
+        prepare_warps: the triangular solve and the W / U0 products (products_warps, None: the
+        same, for the products alone);
         output_block_v (``OUTPUT_BLOCK_V``), output_warps: the parallel outputs;
         single_block_v (``SINGLE_BLOCK_V``), single_warps: the single-chunk kernel.
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
@@ -780,11 +781,12 @@ def chunk_delta_rule(
             f"(the lengths cannot be read back to check them), got {B * T}; use single_chunk=None (auto) or "
             "capture dense [B, T] rows"
         )
-    _check_warps(walk_warps=walk_warps, solve_warps=solve_warps, products_warps=products_warps,
+    products_warps = prepare_warps if products_warps is None else products_warps
+    _check_warps(num_warps=num_warps, prepare_warps=prepare_warps, products_warps=products_warps,
                  output_warps=output_warps, single_warps=single_warps)
-    if not isinstance(walk_stages, int) or isinstance(walk_stages, bool) or walk_stages < 1:
-        raise ValueError(f"walk_stages must be a number of stages >= 1, got {walk_stages!r}")
-    walk_block_v = _checked_block_v("walk_block_v", walk_block_v, prefill_block_v(V), V)
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise ValueError(f"num_stages must be a number of stages >= 1, got {num_stages!r}")
+    block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
     output_block_v = _checked_block_v("output_block_v", output_block_v, OUTPUT_BLOCK_V, V)
     single_block_v = _checked_block_v("single_block_v", single_block_v, SINGLE_BLOCK_V, V)
     if single_chunk or (single_chunk is None and use_single_chunk(lengths, N, Hv, B * T)):
@@ -808,7 +810,7 @@ def chunk_delta_rule(
     x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
     _solve_kernel[(chunk_slots, Hv)](
         k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-        **flags, num_warps=solve_warps,
+        **flags, num_warps=prepare_warps,
     )
     w = torch.empty(total, Hv, K, dtype=dtype, device=device)
     u = torch.empty(total, Hv, V, dtype=dtype, device=device)
@@ -821,11 +823,11 @@ def chunk_delta_rule(
     unew = torch.empty(total, Hv, V, dtype=dtype, device=device)
     states = torch.empty(chunk_slots, Hv, K, V, dtype=dtype, device=device)
     common = dict(HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_N=block_n, C=CHUNK, DT=tl_dtype, **flags)
-    _walk_kernel[(N, Hv, cdiv(V, walk_block_v))](
+    _walk_kernel[(N, Hv, cdiv(V, block_v))](
         k, w, u, gcum, cu_seqlens, initial_state, final_state, checkpoints, unew, states, N,
         checkpoint_every or CHUNK, 0 if checkpoints is None else checkpoints.shape[0],
-        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, BLOCK_V=walk_block_v, **common,
-        num_warps=walk_warps, num_stages=walk_stages,
+        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, BLOCK_V=block_v, **common,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _output_kernel[(chunk_slots, Hv, cdiv(V, output_block_v))](
         q, k, gcum, unew, states, cu_seqlens, out, N, K**-0.5, BLOCK_V=output_block_v, **common,
