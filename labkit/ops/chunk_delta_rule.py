@@ -57,12 +57,13 @@ it spills on sm_90) with the walk that writes the outputs took 0.330 / 1.266 ms 
 fused-prepare+walk-outputs); the sequence split (segment maps S -> A S + B and their scan, for
 parallelism at batch 1) was never faster beyond noise: 0.394 / 1.440 / 5.730 ms against 0.372 /
 1.439 / 5.765 unsplit at T = 4,096 / 16,384 / 65,536 (gdn-prefill.json as committed in ca705f1,
-before the faster walk). The dots inverse with block products (0.433 / 1.773 ms for the whole call),
-the merged solve + products, and P stored by the prepare (0.239 / 0.913 ms against 0.210 / 0.788
-with P formed here and the [128, 16] walk) were timed by tools/gpu_experiments/gdn-speed.sh
-(commits 07ca99c, 0585f64), its figures not committed as a results file; the bench variants
-``merged-prepare``, ``stored-p`` and ``split-prepare+deferred+dots+blocks`` of commit e70164b
-time them (labkit/bench/gdn_prefill.py there).
+before the faster walk). The dots inverse with block products took the whole call to 0.433 /
+1.773 ms against 0.246 / 0.922 for the row inverse with X-whole products; P stored by the prepare
+0.239 / 0.913 against 0.234 / 0.888 with P formed by the output kernel; the merged solve +
+products and the walk that writes the outputs (0.262 / 1.004) were slower too. Those were timed
+by tools/gpu_experiments/gdn-speed.sh (commits 07ca99c, 0585f64) and not committed as a results
+file: the bench variants ``merged-prepare``, ``stored-p``, ``split-prepare+deferred+dots+blocks``
+and ``split-prepare+walk-outputs`` of commit e70164b time them (labkit/bench/gdn_prefill.py there).
 
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
