@@ -46,6 +46,16 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+@pytest.fixture(params=["reversed", "shuffled"])
+def scrambled_grid(request, monkeypatch):
+    """Interpreted kernels run their grid backwards, then shuffled (tests/grid_order.py): a result
+    that depends on the order programs run in (a race on the GPU) fails here. A no-op on a GPU."""
+    from grid_order import scramble_grid
+
+    scramble_grid(monkeypatch, request.param, seed=1)
+    return request.param
+
+
 @pytest.fixture
 def device():
     return "cuda" if _cuda else "cpu"

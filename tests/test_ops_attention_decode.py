@@ -29,9 +29,12 @@ def _data(batch, dims, max_len, dtype, device, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dims,unit", [(LFM2_LIKE, False), (QWEN_LIKE, True)])
-@pytest.mark.parametrize("lengths,chunk", [([5], None), ([0, 36, 17], None), ([36, 0, 21], 16), ([50], 16)])
+@pytest.mark.parametrize("lengths,chunk", [([5], None), ([0, 36, 17], None), ([36, 0, 21], 16), ([50], 16),
+                                           ([16], 16), ([32, 5], 16)])
 def test_matches_reference_and_writes_the_cache(lengths, chunk, dims, unit, dtype, device):
-    """Lengths 0 (first token), max_len - 1 (last slot); chunk 16 merges several chunks' partials."""
+    """Lengths 0 (first token), max_len - 1 (last slot); chunk 16 merges several chunks' partials;
+    lengths that are an exact multiple of the chunk (16, 32): the new token belongs to the next
+    chunk only, not also to the one that ends before it."""
     proj, q_norm, k_norm, inv_freq, keys, values = _data(len(lengths), dims, 51 if max(lengths) == 50 else 37, dtype, device)
     given = lengths
     lengths = torch.tensor(lengths, dtype=torch.int32, device=device)

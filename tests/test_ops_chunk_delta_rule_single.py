@@ -65,9 +65,11 @@ def test_matches_recurrence(T, dtype, with_state, device, single_calls):
 
 @DTYPES
 @pytest.mark.parametrize("lengths", [[1, 64, 17], [5, 0, 64, 37, 64]])
-def test_packed_sequences_with_checkpoints(lengths, dtype, device, single_calls):
+def test_packed_sequences_with_checkpoints(lengths, dtype, device, single_calls, scrambled_grid):
     """Varlen packing (a sequence of no tokens keeps its initial state); a 64-token sequence is
-    exactly one checkpoint of every 64 tokens, in the multi-kernel path's row order."""
+    exactly one checkpoint of every 64 tokens, in the multi-kernel path's row order. The grid runs
+    backwards and shuffled: a shorter sequence must not store a checkpoint into the next one's row
+    (in order the next one would overwrite it and hide the race)."""
     q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=7, dtype=dtype, device=device)
     state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(8)).to(device)
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
@@ -91,6 +93,20 @@ def test_grouped_heads_in_value_blocks(dtype, device):
     q, k, v, g, beta, _ = _inputs(2, 50, 1, 3, 16, 40, seed=9, dtype=dtype, device=device)
     o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta)
     o, s, _ = _run(q, k, v, g, beta, None, single_chunk=True, single_block_v=16, single_warps=2)
+    assert rel_err(o, o_ref) < BOUND[dtype] and rel_err(s, s_ref) < BOUND[dtype]
+
+
+# two and three key heads, each read by three or two value heads (a wrong key-head index reads
+# another head's keys); packed, with an empty sequence and odd head dims
+@pytest.mark.parametrize("Hk,Hv,dtype", [(2, 6, torch.float32), (3, 6, torch.bfloat16)], ids=["2x3-fp32", "3x2-bf16"])
+def test_several_key_heads(Hk, Hv, dtype, device, single_calls):
+    lengths = [5, 64, 0, 17]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), Hk, Hv, 20, 24, seed=10 * Hk + Hv, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), Hv, 20, 24, generator=torch.Generator().manual_seed(Hk)).to(device)
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
+    o, s, _ = _run(q, k, v, g, beta, state, cu_seqlens=cu)
+    assert len(single_calls) == 1
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
     assert rel_err(o, o_ref) < BOUND[dtype] and rel_err(s, s_ref) < BOUND[dtype]
 
 
@@ -143,13 +159,12 @@ def test_auto_takes_the_single_path_only_where_it_fits(device, single_calls, mon
 
     assert call([64, 1, 1]) == 1  # all one chunk, 3 x 2 <= 132 programs
     assert call([65, 64]) == 1  # a 65-token sequence: two chunks, the multi-kernel path
-    assert call([64, 1], split=0) == 1  # a chunk-path option given: that path
-    assert call([64, 1], prepare="split") == 1
-    assert call([64, 1], single_chunk=False) == 1
-    assert call([64, 1], single_chunk=True, split=0) == 2  # forced: the options of the other path are moot
+    assert call([64, 1], block_v=16, num_warps=2) == 2  # the other path's settings leave the choice alone
+    assert call([64, 1], single_chunk=False) == 2
+    assert call([64, 1], single_chunk=True) == 3
     monkeypatch.setattr(cdr, "num_sms", lambda: 5)
-    assert call([3, 4, 5]) == 2  # 3 sequences x 2 heads > 5 SMs
-    assert call([3, 4]) == 3  # 4 <= 5
+    assert call([3, 4, 5]) == 3  # 3 sequences x 2 heads > 5 SMs
+    assert call([3, 4]) == 4  # 4 <= 5
 
 
 def test_auto_choice_at_the_real_shapes(monkeypatch):

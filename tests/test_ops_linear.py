@@ -107,6 +107,22 @@ def test_split_k_counters_reset_and_results_repeat(device):
     assert torch.equal(a, b)  # deterministic: partials are summed in a fixed order
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_k_over_several_row_tiles(dtype, device, scrambled_grid):
+    """The tl.dot loop in its default mode with K split three ways over three row tiles (M = 37 in
+    tiles of 16, the last partial): each row tile keeps its own partials and arrival counters, so
+    the last of *its* splits sums them, whatever order the programs run in."""
+    x, w, norm, _ = _data(37, 48, 72, dtype, device, seed=7)
+    cfg = LinearConfig(16, 32, 16, split_k=3)
+    out = _nan(37, 48, dtype=dtype, device=device)
+    linear(x, w, out=out, norm_weight=norm, norm_eps=1e-5, config=cfg)
+    assert rel_err(out, linear_ref(x, w, norm_weight=norm, norm_eps=1e-5)) < BOUND[dtype]
+    h = torch.randn(37, 48, generator=torch.Generator().manual_seed(8)).to(dtype=dtype, device=device)
+    expect = linear_ref(x, w, residual=h, norm_weight=norm, norm_eps=1e-5)
+    linear(x, w, residual=h, norm_weight=norm, norm_eps=1e-5, config=cfg)
+    assert rel_err(h, expect) < BOUND[dtype]
+
+
 def test_gpu_heuristic_fills_the_gpu_at_real_shapes(monkeypatch):
     """The non-interpreter heuristic (no measured table given): valid configs, no K masks, and
     enough programs for 132 SMs."""

@@ -120,9 +120,7 @@ def _parser() -> argparse.ArgumentParser:
                            help="first, in this process, the Gated DeltaNet kernel beside fla "
                                 "(python -m labkit.bench.gdn_prefill: T = 1k..64k and 8 x 2k packed), to NAME.json: "
                                 "with fla on the path, fla's autotuning is then paid once for it and transformers+fla")
-            s.add_argument("--gdn-variants", nargs="*", default=["default"], help="its kernel forms (gdn_prefill.VARIANTS)")
-            s.add_argument("--gdn-splits", nargs="*", default=["auto", "0"],
-                           help="its sequence splits (chunks per segment; 'auto' = the kernel's own choice)")
+            s.add_argument("--gdn-variants", nargs="*", default=["default"], help="its launch settings (gdn_prefill.VARIANTS)")
             s.add_argument("--plot", nargs="*", type=Path, default=None, metavar="MORE_JSON",
                            help="also draw prefill ms against prompt length: <name>.png beside the json, from "
                                 "this run's rows and those of the given results files (e.g. a transformers+fla run)")
@@ -231,8 +229,7 @@ def main(argv: list[str]) -> int:
     if getattr(args, "gdn_kernel", None):
         from .gdn_prefill import bench_gdn_prefill, print_rows
 
-        kernel_rows = bench_gdn_prefill(variants=tuple(args.gdn_variants), reps=10,
-                                        splits=tuple(None if v == "auto" else int(v) for v in args.gdn_splits))
+        kernel_rows = bench_gdn_prefill(variants=tuple(args.gdn_variants), reps=10)
         print_rows(kernel_rows)
         print(f"wrote {write_results(args.gdn_kernel, 'gdn-prefill', kernel_rows, facts, command=command, data_dir=args.data_dir)}")
     for model in _models(args.models, device, torch.bfloat16):

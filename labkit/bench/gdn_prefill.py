@@ -2,8 +2,8 @@
 
 Times :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule` at Qwen3.5-0.8B's linear-attention
 shape (16 heads, K = V = 128, bf16 q/k/v, float32 log-decays and states) for one sequence of
-T = 1,024 ... 65,536 tokens and for a packed batch of 8 x 2,048 (one call with ``cu_seqlens``),
-with and without the sequence split; and fla's ``chunk_gated_delta_rule`` on the same inputs in
+T = 1,024 ... 65,536 tokens and for a packed batch of 8 x 2,048 (one call with ``cu_seqlens``);
+and fla's ``chunk_gated_delta_rule`` on the same inputs in
 the same run when fla is importable. Each call is captured once in a CUDA graph and replayed
 (:func:`labkit.lab.timing.measure`: CUDA events, median of repeats), so launch overhead is what a
 graph pays. Rows give milliseconds, tokens/s, and the bandwidth implied by the bytes a call must
@@ -11,11 +11,14 @@ move (q, k, v and o, g and beta, the state in and out: the intermediate buffers 
 implementation are not counted), and labkit's relative RMS difference from fla's output.
 
     python -m labkit.bench.gdn_prefill                      # prints the rows
-    python -m labkit.bench.gdn_prefill --splits 0 4 16 64   # sweeps the split (chunks per segment)
     python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
-    python -m labkit.bench.gdn_prefill --variants default fused-prepare+walk-outputs   # the kernel's forms
-    python -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --splits 0 --variants multi-kernel single-chunk
+    python -m labkit.bench.gdn_prefill --variants default default+ob128   # launch settings
+    python -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
                                                             # a prefix-cache hit's tail: one kernel or several
+
+The kernel's other forms (fused or merged prepare, dots inverse, stored P, the walk that writes the
+outputs, the sequence split) were deleted from it; their figures are in the committed results and
+labkit.ops.chunk_delta_rule's docstring, and the variants that timed them are in commit e70164b.
 """
 
 from __future__ import annotations
@@ -30,27 +33,15 @@ import torch.nn.functional as F
 HEADS, HEAD_DIM = 16, 128
 LENGTHS = (1024, 4096, 16384, 65536)
 PACKED = (8, 2048)  # sequences x tokens, as one varlen call
-# the kernel's forms (chunk_delta_rule's prepare / defer_outputs / block_v), by name; "default" is
-# whatever the module's defaults are
+# chunk_delta_rule's launch settings, by name; "default" is whatever the module's defaults are
 VARIANTS = {
     "default": {},
-    "fused-prepare+walk-outputs": dict(prepare="fused", defer_outputs=False),
-    "split-prepare+walk-outputs": dict(prepare="split", defer_outputs=False),
-    "fused-prepare+deferred": dict(prepare="fused", defer_outputs=True),
-    "split-prepare+deferred": dict(prepare="split", defer_outputs=True),
-    "split-prepare+deferred+bv16": dict(prepare="split", defer_outputs=True, block_v=16),
-    # the split prepare's inner forms (chunk_delta_rule's invert / products), at 8 warps: the
-    # first is the form that was the default before issue #12's sweep
-    "split-prepare+deferred+dots+blocks": dict(prepare="split", defer_outputs=True, invert="dots",
-                                               products="blocks", prepare_warps=8),
-    "split-prepare+deferred+rows+full": dict(prepare="split", defer_outputs=True, invert="rows",
-                                             products="full"),
-    # the defaults with one output program per chunk (it forms P once, not per 64 columns): 25 us
-    # faster at T = 16,384 with the [128, 32] walk in gdn-speed's round B, not timed with today's walk
+    # one output program per chunk (it forms P once, not per 64 columns): 0.796 -> 0.775 ms at
+    # T = 16,384 (data/bench/nvidia-h200/gdn-prefill.json)
     "default+ob128": dict(output_block_v=128),
+    "bv32": dict(block_v=32),
     # a prefix-cache hit's tail (every sequence <= 64 tokens): the single-chunk kernel against the
-    # multi-kernel path (``default`` passes a split, so it is the multi-kernel path too); e.g.
-    # --lengths 1 64 --packed 8 64 --splits 0 --variants multi-kernel single-chunk
+    # multi-kernel path; e.g. --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
     "multi-kernel": dict(single_chunk=False),
     "single-chunk": dict(single_chunk=True),
     "single-chunk+bv64": dict(single_chunk=True, single_block_v=64),
@@ -63,8 +54,7 @@ class GdnPrefillResult:
     impl: str  # "labkit" or "fla"
     sequences: int
     tokens: int  # all sequences together
-    split: int | None = None  # labkit: chunks per segment (0: no split)
-    variant: str | None = None  # labkit: the kernel's form (VARIANTS)
+    variant: str | None = None  # labkit: the launch settings (VARIANTS)
     ms: float | None = None
     tokens_per_s: float | None = None
     bytes: int | None = None
@@ -101,22 +91,19 @@ def _call_bytes(x: dict) -> int:
 def bench_gdn_prefill(
     lengths: tuple[int, ...] = LENGTHS,
     packed: tuple[int, int] | None = PACKED,
-    splits: tuple[int | None, ...] = (None, 0),
     heads: int = HEADS,
     head_dim: int = HEAD_DIM,
     reps: int = 15,
     with_fla: bool = True,
     variants: tuple[str, ...] = ("default",),
 ) -> list[GdnPrefillResult]:
-    """One row per (case, implementation, variant, split). ``splits``: labkit's ``split`` values to
-    time (None: its own choice, reported as the number it chose; 0: no split); ``variants``: names
-    from VARIANTS."""
+    """One row per (case, implementation, variant). ``variants``: names from VARIANTS."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     if not torch.cuda.is_available():
         raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
-    from ..ops.chunk_delta_rule import chunk_delta_rule, prefill_block_v, prefill_split
+    from ..ops.chunk_delta_rule import chunk_delta_rule
     from ..lab.timing import measure
     from .decode import _error as error_text
     from .ops import rel_err
@@ -153,17 +140,9 @@ def bench_gdn_prefill(
             except Exception as exc:  # a peer that fails (e.g. to be captured) is a finding, not a crash
                 row.error = error_text(exc)
             rows.append(row)
-        for name, split in [(v, s) for v in variants for s in splits]:
-            kw = dict(VARIANTS[name])
-            if kw.get("single_chunk"):  # one kernel, no split to choose (one row per variant)
-                if split != splits[0]:
-                    continue
-                chosen = None
-            else:
-                blocks = -(-head_dim // (kw.get("block_v") or prefill_block_v(head_dim)))
-                chosen = prefill_split(sequences, heads, blocks, total) if split is None else split
-                kw["split"] = chosen
-            row = GdnPrefillResult("labkit", sequences, total, split=chosen, variant=name)
+        for name in variants:
+            kw = VARIANTS[name]
+            row = GdnPrefillResult("labkit", sequences, total, variant=name)
             try:
                 o, _ = chunk_delta_rule(**x, **kw)
                 if fla_out is not None:
@@ -178,11 +157,9 @@ def bench_gdn_prefill(
 
 
 def print_rows(rows: list[GdnPrefillResult]) -> None:
-    print(f"{'impl':>7} {'variant':>27} {'seqs':>4} {'tokens':>7} {'split':>5} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} "
-          f"{'vs fla':>8}")
+    print(f"{'impl':>7} {'variant':>27} {'seqs':>4} {'tokens':>7} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} {'vs fla':>8}")
     for r in rows:
-        split = "" if r.split is None else str(r.split)
-        head = f"{r.impl:>7} {r.variant or '':>27} {r.sequences:>4} {r.tokens:>7} {split:>5}"
+        head = f"{r.impl:>7} {r.variant or '':>27} {r.sequences:>4} {r.tokens:>7}"
         if r.error:
             print(f"{head} FAILED {r.error}")
             continue
@@ -197,14 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
     p.add_argument("--packed", nargs=2, type=int, default=list(PACKED), metavar=("SEQUENCES", "TOKENS"))
-    p.add_argument("--splits", nargs="*", default=["auto", "0"], help="labkit split values; 'auto' = its choice")
-    p.add_argument("--variants", nargs="*", default=["default"], help=f"kernel forms: {', '.join(VARIANTS)}")
+    p.add_argument("--variants", nargs="*", default=["default"], help=f"launch settings: {', '.join(VARIANTS)}")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--name", help="also write data/bench/<gpu>/<name>.json")
     args = p.parse_args(argv)
-    splits = tuple(None if s == "auto" else int(s) for s in args.splits)
-    rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), splits, reps=args.reps, with_fla=not args.no_fla,
+    rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), reps=args.reps, with_fla=not args.no_fla,
                              variants=tuple(args.variants))
     print_rows(rows)
     if args.name:

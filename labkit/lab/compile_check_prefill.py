@@ -2,12 +2,13 @@
 machine without one, and report registers, spills and shared memory per kernel variant.
 
     python -m labkit.lab.compile_check_prefill                 # sm_90 (H100/H200), Qwen3.5 shapes
-    python -m labkit.lab.compile_check_prefill --block-v 32 64 --warps 4 8 --stages 1 2 3
+    python -m labkit.lab.compile_check_prefill --block-v 32 64 --num-warps 4 8 --num-stages 1 2 3
 
 The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.lab.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
-prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints, with and without
-the sequence split, and the single-chunk kernel (sequences of <= 64 tokens). Like compile-check,
+prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints (the four kernels
+of the chunk path), and the single-chunk kernel (sequences of <= 64 tokens), at the launch
+settings given (each a list: every combination is compiled; default: the launcher's). Like compile-check,
 it replaces Triton's driver: run it as its own process.
 """
 
@@ -20,22 +21,19 @@ import time
 
 import torch
 
-SHOWN = ("BLOCK_V", "HAS_INIT", "SEGMENTED", "CHECKPOINTS", "HAS_START", "DEFER_OUTPUTS", "INVERT_ROWS", "FULL_X")
+SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS")
+# chunk_delta_rule's launch settings of the chunk path, each an option of this command
+CHUNK_SETTINGS = ("block_v", "num_warps", "num_stages", "prepare_warps", "products_warps", "output_block_v",
+                  "output_warps")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit.lab.compile_check_prefill", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
-    parser.add_argument("--block-v", nargs="*", type=int, default=[None], help="default: the launcher's choice")
-    parser.add_argument("--warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
-    parser.add_argument("--stages", nargs="*", type=int, default=[2])
-    parser.add_argument("--prepare", nargs="*", default=["fused", "split"], help="the intra-chunk kernels' forms")
-    parser.add_argument("--prepare-warps", nargs="*", type=int, default=[None], help="default: the launcher's choice")
-    parser.add_argument("--defer", nargs="*", type=int, default=[0, 1], help="defer_outputs values (0/1)")
-    parser.add_argument("--invert", nargs="*", default=[None], help="the split solve's inverse: dots, rows")
-    parser.add_argument("--products", nargs="*", default=[None], help="the split products' form: blocks, full")
-    parser.add_argument("--products-warps", nargs="*", type=int, default=[None], help="default: prepare_warps")
+    for name in CHUNK_SETTINGS:
+        parser.add_argument("--" + name.replace("_", "-"), nargs="*", type=int, default=[None],
+                            help="default: the launcher's")
     parser.add_argument("--single-block-v", nargs="*", type=int, default=[None],
                         help="the single-chunk kernel's value columns (default: the launcher's choice)")
     parser.add_argument("--single-warps", nargs="*", type=int, default=[None], help="the single-chunk kernel's warps")
@@ -57,17 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     cu = torch.tensor([0, lengths[0], T], dtype=torch.int32)
     ckpt = torch.empty(cdr.num_checkpoints(lengths, 64), H, K, V)
     failures, t0 = 0, time.time()
-    grid = itertools.product(args.block_v, args.warps, args.stages, (0, 2), args.prepare, args.prepare_warps,
-                             args.defer, args.invert, args.products, args.products_warps)
-    for block_v, warps, stages, split, prepare, prepare_warps, defer, invert, products, products_warps in grid:
-        what = (f"block_v={block_v} warps={warps} stages={stages} split={split} prepare={prepare} "
-                f"prepare_warps={prepare_warps} defer={defer} invert={invert} products={products} "
-                f"products_warps={products_warps}")
+    for values in itertools.product(*(getattr(args, name) for name in CHUNK_SETTINGS)):
+        settings = {name: value for name, value in zip(CHUNK_SETTINGS, values) if value is not None}
+        what = " ".join(f"{name}={value}" for name, value in settings.items()) or "defaults"
         try:
             cdr.chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, checkpoints=ckpt, checkpoint_every=64,
-                                 split=split, block_v=block_v, num_warps=warps, num_stages=stages,
-                                 prepare=prepare, prepare_warps=prepare_warps, defer_outputs=bool(defer),
-                                 invert=invert, products=products, products_warps=products_warps)
+                                 **settings)
             print(f"ok   {what}: {len(cc.COMPILED)} variants so far ({time.time() - t0:.0f} s)")
         except Exception as e:  # noqa: BLE001
             failures += 1
@@ -83,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     ckpts = torch.empty(cdr.num_checkpoints(short, 64), H, K, V)
     for block_v, warps, init in itertools.product(args.single_block_v, args.single_warps, (True, False)):
         what = f"single_chunk block_v={block_v} warps={warps} initial_state={init}"
+        settings = {name: value for name, value in (("single_block_v", block_v), ("single_warps", warps))
+                    if value is not None}
         try:
             cdr.chunk_delta_rule(qs, ks, vs, gs, betas, state[:2] if init else None, cu_seqlens=cus,
-                                 checkpoints=ckpts, checkpoint_every=64, single_chunk=True,
-                                 single_block_v=block_v, single_warps=warps)
+                                 checkpoints=ckpts, checkpoint_every=64, single_chunk=True, **settings)
             print(f"ok   {what}: {len(cc.COMPILED)} variants so far ({time.time() - t0:.0f} s)")
         except Exception as e:  # noqa: BLE001
             failures += 1
