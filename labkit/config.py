@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -167,15 +168,24 @@ _POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads",
 _POSITIVE_FLOATS = ("norm_eps", "rope_theta")
 
 
+def is_int(x: object) -> bool:
+    """A whole number as an int (numpy's too), not a bool, a float or a string."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def _number_problems(cfg: "ModelConfig") -> list[str]:
     problems = []
     for name in _POSITIVE_INTS:
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             problems.append(f"{name} must be an int >= 1, got {value!r}")
     for name in _POSITIVE_FLOATS:
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        if not is_real(value) or not (math.isfinite(value) and value > 0):
             problems.append(f"{name} must be a finite number > 0, got {value!r}")
     return problems
 
@@ -194,7 +204,7 @@ def _read_hf(parse: Callable[[Mapping[str, Any]], "ModelConfig"], hf: Mapping[st
 def _layer_count(hf: Mapping[str, Any], kinds: list[str] | None) -> int:
     """num_hidden_layers, checked against the length of layer_types where both are given."""
     n_layers = hf["num_hidden_layers"]
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+    if not is_int(n_layers) or n_layers < 1:
         raise ValueError(f"num_hidden_layers must be an int >= 1, got {n_layers!r}")
     if kinds is not None and len(kinds) != n_layers:
         raise ValueError(
@@ -241,7 +251,7 @@ def _lfm2_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         kinds = ["attention" if i in attn else "conv" for i in range(n_layers)]
     rp = _rope(hf)
     heads = hf["num_attention_heads"]
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+    if not is_int(heads) or heads < 1:
         raise ValueError(f"num_attention_heads must be an int >= 1, got {heads!r}")
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     ff = lfm2_ff_dim(

@@ -11,7 +11,8 @@ import torch
 from .decode.registry import BACKENDS, make_decoder, pooled_decoder
 from .cache import CacheFullError, HybridCache
 from .model import HybridLM
-from .sampling import SamplingParams, is_int, sample
+from .config import is_int
+from .sampling import SamplingParams, sample
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache

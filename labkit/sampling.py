@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-
-def is_int(x: object) -> bool:
-    """A whole number as an int (numpy's too), not a bool, a float or a string."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+from .config import is_int, is_real
 
 
 @dataclass(frozen=True)
