@@ -373,20 +373,26 @@ def _config_json(cfg: ModelConfig, storage: torch.dtype, extra_config: Mapping |
         raise TypeError(f"extra_config must be a dict of config.json entries, got {type(extra_config).__name__}")
     hf = to_hf(cfg)  # raises for what transformers' configs cannot express
     hf["dtype"] = str(storage).removeprefix("torch.")
+    _check_reads_back(cfg, hf, "transformers' form of this config reads back as another model")
     hf.update(extra_config or {})
     try:
         text = json.dumps(hf, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as exc:
         raise ValueError(f"extra_config must hold JSON values only (str, number, bool, None, list, dict): {exc}") from exc
-    back = ModelConfig.from_hf(json.loads(text))
-    changed = [f.name for f in dataclasses.fields(cfg) if f.compare and f.name not in _DESCRIPTIVE
-               and getattr(back, f.name) != getattr(cfg, f.name)]
-    if changed:
-        raise ValueError(
-            f"extra_config changes {', '.join(changed)}: the checkpoint would not describe the model saved; "
-            "change the model's config instead"
-        )
+    _check_reads_back(cfg, json.loads(text), "extra_config changes the model; change the model's config instead")
     return text
+
+
+def _check_reads_back(cfg: ModelConfig, hf: dict, problem: str) -> None:
+    """Refuse a config.json that does not read back as ``cfg`` (but for its descriptive fields)."""
+    try:
+        back = ModelConfig.from_hf(hf)
+    except ValueError as exc:
+        raise ValueError(f"{problem}: {exc}") from exc
+    changed = [f"{f.name} ({getattr(cfg, f.name)!r} -> {getattr(back, f.name)!r})" for f in dataclasses.fields(cfg)
+               if f.compare and f.name not in _DESCRIPTIVE and getattr(back, f.name) != getattr(cfg, f.name)]
+    if changed:
+        raise ValueError(f"{problem}: {', '.join(changed)}; the checkpoint would not describe the model saved")
 
 
 def _other_weights(root: Path) -> list[Path]:
@@ -431,7 +437,8 @@ def save(
         raise TypeError(f"save wants a labkit HybridLM (from labkit.build or labkit.load), got {type(model).__name__}")
     if not isinstance(replace_weights, bool):
         raise TypeError(f"replace_weights must be True or False, got {replace_weights!r}")
-    root = Path(_as_path(path)).expanduser()
+    given = Path(_as_path(path)).expanduser()
+    root = given.absolute()  # "." has a name and a parent
     storage = model.dtype if dtype is None else as_dtype(dtype, allowed=None)
     config_text = _config_json(model.cfg, storage, extra_config)
     if root.exists() and not root.is_dir():
@@ -444,16 +451,20 @@ def save(
         )
     tensors = {k: v.to(storage) for k, v in hf_state_dict(model).items()}
 
-    root.parent.mkdir(parents=True, exist_ok=True)
-    # made by mkdir (not mkdtemp's 0700) so that, renamed into place, it has a directory's usual mode
-    staging = root.parent / f".{root.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # A new checkpoint is staged beside its directory-to-be (renamed into place whole); an existing
+    # directory stages inside itself (same file system, and only the directory need be writable).
+    # Made by mkdir (not mkdtemp's 0700) so that, renamed into place, it has a directory's usual mode.
+    fresh = not root.exists()
+    name = f".{root.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging = root.parent / name if fresh else root / name
+    staging.parent.mkdir(parents=True, exist_ok=True)
     staging.mkdir()
     try:
         _write_synced(lambda f: save_file(tensors, str(f), metadata={"format": "pt"}), staging / WEIGHTS_FILE)
         _write_synced(lambda f: f.write_text(config_text), staging / "config.json")
-        if not root.exists():
+        if fresh:
             os.rename(staging, root)  # the whole checkpoint appears at once
-            return root
+            return given
         aside = staging / "replaced"  # old weights leave before the new arrive: never two sets at once
         aside.mkdir()
         for f in others:
@@ -462,4 +473,4 @@ def save(
         os.replace(staging / "config.json", root / "config.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return root
+    return given

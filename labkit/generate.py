@@ -99,9 +99,13 @@ def _check_arguments(model: HybridLM, input_ids: torch.Tensor, max_new_tokens: i
     SamplingParams(temperature, top_k, top_p)  # raises, naming the parameter
     if seed is not None and not is_int(seed):
         raise TypeError(f"seed must be None or an int, got {seed!r}")
+    if isinstance(stop_tokens, torch.Tensor) and not stop_tokens.is_floating_point():
+        stop_tokens = stop_tokens.reshape(-1).tolist()  # a tensor of ids, on the host
     if isinstance(stop_tokens, (str, bytes, torch.Tensor)) or not isinstance(stop_tokens, Iterable):
         raise TypeError(f"stop_tokens must be a list (or other iterable) of token ids, e.g. [7], got {stop_tokens!r}")
-    stops = list(stop_tokens)
+    # a one-element integer tensor is an id too (int() took it before); a float one, like 10.7, is not
+    stops = [t.item() if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_floating_point() else t
+             for t in stop_tokens]
     bad = [t for t in stops if not is_int(t) or not 0 <= t < V]
     if bad:
         raise ValueError(f"stop tokens must be int token ids in [0, {V}), got {bad!r} among stop_tokens={stops!r}")

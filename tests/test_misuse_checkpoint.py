@@ -34,6 +34,7 @@ def _assert_whole(path, logits):
     """The checkpoint at ``path`` is the old one, whole, and nothing was left beside it."""
     assert torch.equal(_logits(labkit.load(path, dtype=torch.float32)), logits)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]
 
 
 # -- saving: validated before the first byte, atomic -----------------------------------------------
@@ -91,8 +92,19 @@ def test_extra_config_that_is_not_json_is_refused_before_writing(old, extra):
 
 def test_extra_config_that_describes_another_model_is_refused(old):
     path, logits = old
-    with pytest.raises(ValueError, match="extra_config changes hidden_size"):
+    with pytest.raises(ValueError, match=r"extra_config changes the model.*hidden_size \(96 -> 64\)"):
         labkit.save(_model(seed=6), path, extra_config={"hidden_size": 64})
+    _assert_whole(path, logits)
+
+
+def test_a_config_that_would_read_back_as_another_model_is_refused(old):
+    """partial_rotary_factor = 58 / 100 reads back as int(100 * 0.58) = 57 rotary channels: a config.json
+    that load would refuse (or, were 57 allowed, read as another model)."""
+    path, logits = old
+    odd = labkit.build(labkit.PRESETS["tiny-qwen3.5"].replace(num_heads=2, num_kv_heads=2, head_dim=100, rotary_dim=58),
+                       dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"reads back as another model: .*rotary_dim 57"):
+        labkit.save(odd, path)
     _assert_whole(path, logits)
 
 
@@ -141,6 +153,14 @@ def test_saving_into_a_sharded_directory_is_refused_unless_replace_weights(old, 
     assert sorted(p.name for p in sharded.iterdir()) == ["config.json", "model.safetensors"]
     assert torch.equal(_logits(labkit.load(sharded, dtype=torch.float32)), _logits(new))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "sharded"]  # no staging left
+
+
+def test_save_into_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    labkit.save(model, ".")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert torch.equal(_logits(labkit.load(".", dtype=torch.float32)), _logits(model))
 
 
 def test_saving_beside_a_stray_safetensors_file_is_refused(old):

@@ -44,6 +44,8 @@ def test_bad_prompts_are_refused_by_name(model, ids, error, message):
     (dict(temperature="0.7"), ValueError, r"temperature .*got '0.7'"),
     (dict(seed="1", temperature=1.0), TypeError, r"seed must be None or an int, got '1'"),
     (dict(stop_tokens=[10.7]), ValueError, r"stop tokens must be int token ids.*\[10.7\]"),
+    (dict(stop_tokens=[torch.tensor(10.7)]), ValueError, r"stop tokens must be int token ids"),
+    (dict(stop_tokens=torch.tensor([10.7])), TypeError, r"stop_tokens must be a list"),
     (dict(stop_tokens=["7"]), ValueError, r"stop tokens must be int token ids.*\['7'\]"),
     (dict(stop_tokens=7), TypeError, r"stop_tokens must be a list .*e.g. \[7\], got 7"),
     (dict(stop_tokens="7"), TypeError, r"stop_tokens must be a list"),
@@ -66,11 +68,12 @@ def test_a_non_model_is_refused(prompt):
         labkit.generate({}, prompt, 2)
 
 
-def test_stop_tokens_from_an_iterator_are_read_once(model, prompt):
+def test_stop_tokens_from_an_iterator_or_a_tensor_are_the_same(model, prompt):
     stop = int(labkit.generate(model, prompt, 3).tokens[0, 1])
     want = labkit.generate(model, prompt, 6, stop_tokens=[stop])
-    got = labkit.generate(model, prompt, 6, stop_tokens=iter([stop]))
-    assert torch.equal(got.tokens, want.tokens) and got.finished.tolist() == want.finished.tolist()
+    for given in (iter([stop]), torch.tensor([stop]), [torch.tensor(stop)]):
+        got = labkit.generate(model, prompt, 6, stop_tokens=given)
+        assert torch.equal(got.tokens, want.tokens) and got.finished.tolist() == want.finished.tolist()
 
 
 def _state(cache):
