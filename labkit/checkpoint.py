@@ -8,10 +8,14 @@ missing, unexpected or mis-shaped tensor stops the load with an error that names
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -145,22 +149,100 @@ class CheckpointError(ValueError):
     """A checkpoint that does not describe the model its config.json promises."""
 
 
-def _tensor_index(path: Path) -> dict[str, Path]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / file for name, file in weight_map.items()}
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no .safetensors files in {path}")
+INDEX_FILE = "model.safetensors.index.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _read_json(path: Path, what: str) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} ({what}) is not valid JSON: {exc}") from exc
+
+
+def _open_safetensors(file: Path):
+    """safetensors' reader of ``file``; a truncated or corrupt file is an error that names it."""
     from safetensors import safe_open
 
+    try:
+        return safe_open(file, framework="pt")
+    except Exception as exc:  # SafetensorError, OSError: neither names the file
+        raise CheckpointError(f"{file} cannot be read as safetensors (truncated or corrupt?): {exc}") from exc
+
+
+def _tensor_index(path: Path) -> dict[str, Path]:
+    """Tensor name -> the file holding it: from the index of a sharded checkpoint, else from the
+    safetensors files themselves. One set of weights only: safetensors files the index does not
+    name, or a tensor found in two files (a stray ``model_old.safetensors`` beside ``model.safetensors``),
+    are refused rather than one of them read silently."""
+    files = sorted(path.glob("*.safetensors"))
+    index = path / INDEX_FILE
+    if index.exists():
+        data = _read_json(index, "the index of a sharded checkpoint")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise CheckpointError(f"{index} has no \"weight_map\" object of tensor name -> file name")
+        named = {path / file for file in weight_map.values()}
+        absent = sorted(str(f.name) for f in named if not f.is_file())
+        if absent:
+            raise CheckpointError(f"{index} names files that are not in {path}: {_few(absent)}")
+        stray = sorted(f.name for f in files if f not in named)
+        if stray:
+            raise CheckpointError(
+                f"{path} holds two sets of weights: {_few(stray)} beside the shards that {index.name} names; "
+                "remove the files that do not belong (or the index)"
+            )
+        return {name: path / file for name, file in weight_map.items()}
+    if not files:
+        raise CheckpointError(f"no .safetensors files in {path}")
     found: dict[str, Path] = {}
     for f in files:
-        with safe_open(f, framework="pt") as sf:
+        with _open_safetensors(f) as sf:
             for name in sf.keys():
+                if name in found:
+                    raise CheckpointError(
+                        f"{path} holds more than one set of weights: tensor {name} is in both {found[name].name} "
+                        f"and {f.name}; remove the stray file"
+                    )
                 found[name] = f
     return found
+
+
+# The dtypes a labkit model computes in (``load``), and what ``save`` may store (any floating dtype:
+# ``load`` converts a floating tensor to the dtype asked for, and refuses any other).
+MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def as_dtype(dtype: object, argument: str = "dtype", allowed: tuple[torch.dtype, ...] | None = MODEL_DTYPES) -> torch.dtype:
+    """A torch dtype from a torch.dtype or its name as config.json spells it ("float32", "bfloat16",
+    also "torch.float16"): the names are unambiguous and are what a checkpoint's own config holds, so
+    they are accepted rather than refused. ``allowed`` None: any floating dtype."""
+    resolved = dtype
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype.removeprefix("torch."), None)
+    ok = isinstance(resolved, torch.dtype) and (resolved in allowed if allowed else resolved.is_floating_point)
+    if not ok:
+        choices = ", ".join(str(d).removeprefix("torch.") for d in allowed) if allowed else "a floating dtype"
+        raise ValueError(
+            f"{argument} must be a floating torch dtype or its name ({choices}), got {dtype!r}"
+            + ("; load refuses integer tensors, so such a checkpoint could not be read back" if allowed is None else "")
+        )
+    return resolved
+
+
+def _as_device(device: object) -> torch.device:
+    try:
+        return torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be a torch.device or a name like 'cpu' or 'cuda:0', got {device!r}") from exc
+
+
+def _as_path(path: object, argument: str = "path") -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{argument} must be a str or a path (os.PathLike), got {type(path).__name__} {path!r}")
+    return os.fspath(path)
 
 
 HUB_PREFIX = "hub:"
@@ -198,20 +280,24 @@ def _from_hub(repo_id: str) -> Path:
 
 
 def load(
-    path: str | Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"
+    path: str | Path, dtype: torch.dtype | str = torch.bfloat16, device: torch.device | str = "cpu"
 ) -> HybridLM:
     """Load a transformers checkpoint (config.json + safetensors) of LFM2 or Qwen3.5.
 
     ``path`` is a local directory, or ``"hub:owner/name"`` to download (config and safetensors only)
-    from the Hugging Face Hub with huggingface_hub. Nothing else reaches the network.
+    from the Hugging Face Hub with huggingface_hub. Nothing else reaches the network. ``dtype``: a
+    torch dtype or its name ("bfloat16"). Any fault of the checkpoint is a :class:`CheckpointError`
+    that names the file (and the tensor).
     """
-    from safetensors import safe_open
-
-    root = _resolve(path)
+    dtype, device = as_dtype(dtype), _as_device(device)
+    root = _resolve(_as_path(path))
     config_path = root / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{root} has no config.json")
-    cfg = ModelConfig.from_json(config_path)
+    try:
+        cfg = ModelConfig.from_json(config_path)  # its errors name the file
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from exc
     cfg = cfg.replace(name=cfg.name if cfg.name not in ("lfm2", "qwen3.5") else root.name)
     index = _tensor_index(root)
     prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in index) else "model."
@@ -236,8 +322,11 @@ def load(
     def read(name: str) -> Tensor:
         f = index[name]
         if f not in handles:
-            handles[f] = safe_open(f, framework="pt")
-        return handles[f].get_tensor(name)  # type: ignore[attr-defined]
+            handles[f] = _open_safetensors(f)
+        try:
+            return handles[f].get_tensor(name)  # type: ignore[attr-defined]
+        except Exception as exc:  # a name the index promises but the file lacks, a truncated file
+            raise CheckpointError(f"tensor {name} cannot be read from {f}: {exc}") from exc
 
     model = empty_model(cfg, dtype, device)
     params = dict(model.named_parameters())
@@ -272,18 +361,116 @@ def hf_state_dict(model: HybridLM, device: torch.device | str | None = "cpu") ->
     return out
 
 
-def save(model: HybridLM, path: str | Path, dtype: torch.dtype | None = None, extra_config: dict | None = None) -> Path:
-    """Write a transformers-format checkpoint that ``load`` and transformers both read."""
+# ModelConfig fields that do not fix the weights' shapes or the model's function: extra_config may
+# set them (a checkpoint's token ids, its name); any other change would describe another model.
+_DESCRIPTIVE = ("name", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
+
+
+def _config_json(cfg: ModelConfig, storage: torch.dtype, extra_config: Mapping | None) -> str:
+    """The config.json text ``save`` writes, validated before anything is written: transformers'
+    form of ``cfg`` exists, ``extra_config`` is JSON, and the text reads back as this model."""
+    if extra_config is not None and not isinstance(extra_config, Mapping):
+        raise TypeError(f"extra_config must be a dict of config.json entries, got {type(extra_config).__name__}")
+    hf = to_hf(cfg)  # raises for what transformers' configs cannot express
+    hf["dtype"] = str(storage).removeprefix("torch.")
+    _check_reads_back(cfg, hf, "transformers' form of this config reads back as another model")
+    hf.update(extra_config or {})
+    try:
+        text = json.dumps(hf, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"extra_config must hold JSON values only (str, number, bool, None, list, dict): {exc}") from exc
+    _check_reads_back(cfg, json.loads(text), "extra_config changes the model; change the model's config instead")
+    return text
+
+
+def _check_reads_back(cfg: ModelConfig, hf: dict, problem: str) -> None:
+    """Refuse a config.json that does not read back as ``cfg`` (but for its descriptive fields)."""
+    try:
+        back = ModelConfig.from_hf(hf)
+    except ValueError as exc:
+        raise ValueError(f"{problem}: {exc}") from exc
+    changed = [f"{f.name} ({getattr(cfg, f.name)!r} -> {getattr(back, f.name)!r})" for f in dataclasses.fields(cfg)
+               if f.compare and f.name not in _DESCRIPTIVE and getattr(back, f.name) != getattr(cfg, f.name)]
+    if changed:
+        raise ValueError(f"{problem}: {', '.join(changed)}; the checkpoint would not describe the model saved")
+
+
+def _other_weights(root: Path) -> list[Path]:
+    """Files of ``root`` that are weights ``save`` does not write: a shard index, other safetensors."""
+    if not root.is_dir():
+        return []
+    others = [f for f in sorted(root.glob("*.safetensors")) if f.name != WEIGHTS_FILE]
+    return ([root / INDEX_FILE] if (root / INDEX_FILE).exists() else []) + others
+
+
+def _write_synced(write: Callable[[Path], None], file: Path) -> None:
+    """``write(file)`` then fsync it: the rename that publishes it must not outrun its bytes."""
+    write(file)
+    with open(file, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def save(
+    model: HybridLM,
+    path: str | Path,
+    dtype: torch.dtype | str | None = None,
+    extra_config: Mapping | None = None,
+    *,
+    replace_weights: bool = False,
+) -> Path:
+    """Write a transformers-format checkpoint (config.json + model.safetensors) that ``load`` and
+    transformers both read, atomically.
+
+    Everything is checked before the first byte is written: the config (transformers' form of it,
+    ``extra_config`` JSON that does not change the model), ``dtype`` (a floating dtype: ``load``
+    refuses others). The files are written into a temporary directory beside ``path`` and renamed
+    into place, so a writer that dies partway (disk full, Ctrl-C) leaves the old checkpoint whole: a
+    new directory appears whole or not at all; in an existing one, ``model.safetensors`` then
+    ``config.json`` are each replaced by one rename (other files, a tokenizer say, are kept). A
+    directory that holds other weights (a sharded checkpoint's index and shards, any other
+    ``*.safetensors``) is refused, since ``load`` would then find two sets; ``replace_weights=True``
+    removes them (moved aside first, deleted once the new files are in place).
+    """
     from safetensors.torch import save_file
 
-    root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    tensors = hf_state_dict(model)
-    if dtype is not None:
-        tensors = {k: v.to(dtype) for k, v in tensors.items()}
-    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
-    hf = to_hf(model.cfg)
-    hf["dtype"] = str(dtype or model.dtype).removeprefix("torch.")
-    hf.update(extra_config or {})
-    (root / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    return root
+    if not isinstance(model, HybridLM):
+        raise TypeError(f"save wants a labkit HybridLM (from labkit.build or labkit.load), got {type(model).__name__}")
+    if not isinstance(replace_weights, bool):
+        raise TypeError(f"replace_weights must be True or False, got {replace_weights!r}")
+    given = Path(_as_path(path)).expanduser()
+    root = given.absolute()  # "." has a name and a parent
+    storage = model.dtype if dtype is None else as_dtype(dtype, allowed=None)
+    config_text = _config_json(model.cfg, storage, extra_config)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"{root} is a file; save writes a checkpoint directory")
+    others = _other_weights(root)
+    if others and not replace_weights:
+        raise CheckpointError(
+            f"{root} already holds other weights ({_few([f.name for f in others])}): load would find two sets "
+            "of weights there; save elsewhere, or pass replace_weights=True to remove them"
+        )
+    tensors = {k: v.to(storage) for k, v in hf_state_dict(model).items()}
+
+    # A new checkpoint is staged beside its directory-to-be (renamed into place whole); an existing
+    # directory stages inside itself (same file system, and only the directory need be writable).
+    # Made by mkdir (not mkdtemp's 0700) so that, renamed into place, it has a directory's usual mode.
+    fresh = not root.exists()
+    name = f".{root.name}.saving-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging = root.parent / name if fresh else root / name
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir()
+    try:
+        _write_synced(lambda f: save_file(tensors, str(f), metadata={"format": "pt"}), staging / WEIGHTS_FILE)
+        _write_synced(lambda f: f.write_text(config_text), staging / "config.json")
+        if fresh:
+            os.rename(staging, root)  # the whole checkpoint appears at once
+            return given
+        aside = staging / "replaced"  # old weights leave before the new arrive: never two sets at once
+        aside.mkdir()
+        for f in others:
+            os.replace(f, aside / f.name)
+        os.replace(staging / WEIGHTS_FILE, root / WEIGHTS_FILE)
+        os.replace(staging / "config.json", root / "config.json")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return given

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 LAYER_TYPES = ("attention", "conv", "gdn")
 FAMILIES = ("lfm2", "qwen3.5")
@@ -59,7 +60,7 @@ class ModelConfig:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = _number_problems(self)
         if self.family not in FAMILIES:
             problems.append(f"family must be one of {FAMILIES}, got {self.family!r}")
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
@@ -71,6 +72,8 @@ class ModelConfig:
             problems.append("a Qwen3.5 model has no short-conv layers")
         if self.num_heads % max(self.num_kv_heads, 1):
             problems.append(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if not self.layer_types:
+            problems.append("layer_types is empty: a model needs at least one layer")
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             problems.append(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
         if "gdn" in self.layer_types:
@@ -128,15 +131,17 @@ class ModelConfig:
         For Qwen3.5 either the text model's own config or the multimodal one (whose
         ``text_config`` is used; the vision tower is not part of labkit) is accepted.
         """
+        if not isinstance(hf, Mapping):
+            raise ValueError(f"a config is a JSON object (a dict), got {type(hf).__name__}")
         model_type = hf.get("model_type", "")
         if model_type == "lfm2":
-            return _lfm2_from_hf(hf)
+            return _read_hf(_lfm2_from_hf, hf, "LFM2")
         if model_type in ("qwen3_5", "qwen3_5_text"):
             if "text_config" in hf and hf["text_config"] is not None:
                 text = dict(hf["text_config"])
                 text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
-                return _qwen35_from_hf(text)
-            return _qwen35_from_hf(hf)
+                return _read_hf(_qwen35_from_hf, text, "Qwen3.5")
+            return _read_hf(_qwen35_from_hf, hf, "Qwen3.5")
         raise ValueError(
             f"unsupported model_type {model_type!r}: labkit reads LFM2 ('lfm2') and Qwen3.5 "
             "('qwen3_5' or 'qwen3_5_text') configs"
@@ -144,7 +149,68 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
-        return cls.from_hf(json.loads(Path(path).read_text()))
+        """Read a ``config.json``; an error names the file (malformed JSON, a missing or bad entry)."""
+        try:
+            hf = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        try:
+            return cls.from_hf(hf)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+
+
+# Sizes that must be whole numbers >= 1 (the gdn_* ones are checked only where GDN layers need them),
+# and the float settings that must be finite and > 0: a zero, negative or fractional one would only
+# fail later, deep in a shape or a division, naming nothing.
+_POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
+                  "rotary_dim", "conv_kernel", "gdn_conv_kernel", "max_position_embeddings")
+_POSITIVE_FLOATS = ("norm_eps", "rope_theta")
+
+
+def is_int(x: object) -> bool:
+    """A whole number as an int (numpy's too), not a bool, a float or a string."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _number_problems(cfg: "ModelConfig") -> list[str]:
+    problems = []
+    for name in _POSITIVE_INTS:
+        value = getattr(cfg, name)
+        if not is_int(value) or value < 1:
+            problems.append(f"{name} must be an int >= 1, got {value!r}")
+    for name in _POSITIVE_FLOATS:
+        value = getattr(cfg, name)
+        if not is_real(value) or not (math.isfinite(value) and value > 0):
+            problems.append(f"{name} must be a finite number > 0, got {value!r}")
+    return problems
+
+
+def _read_hf(parse: Callable[[Mapping[str, Any]], "ModelConfig"], hf: Mapping[str, Any], family: str) -> "ModelConfig":
+    """``parse(hf)``, with a missing key or a value of the wrong type named instead of a bare
+    KeyError / TypeError from deep in the arithmetic."""
+    try:
+        return parse(hf)
+    except KeyError as exc:
+        raise ValueError(f"the {family} config has no {exc.args[0]!r} entry, which labkit needs") from exc
+    except TypeError as exc:
+        raise ValueError(f"the {family} config has a value of the wrong type: {exc}") from exc
+
+
+def _layer_count(hf: Mapping[str, Any], kinds: list[str] | None) -> int:
+    """num_hidden_layers, checked against the length of layer_types where both are given."""
+    n_layers = hf["num_hidden_layers"]
+    if not is_int(n_layers) or n_layers < 1:
+        raise ValueError(f"num_hidden_layers must be an int >= 1, got {n_layers!r}")
+    if kinds is not None and len(kinds) != n_layers:
+        raise ValueError(
+            f"num_hidden_layers is {n_layers} but layer_types lists {len(kinds)} layers: make them agree"
+        )
+    return n_layers
 
 
 def _rope(hf: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -175,15 +241,19 @@ def _layer_kinds(hf_types: list[str], mapping: Mapping[str, str], family: str) -
 
 
 def _lfm2_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
-    n_layers = hf["num_hidden_layers"]
+    kinds = None
     if hf.get("layer_types"):
         kinds = _layer_kinds(hf["layer_types"], {"full_attention": "attention", "conv": "conv"}, "LFM2")
-    else:
+    n_layers = _layer_count(hf, kinds)
+    if kinds is None:
         attn = hf.get("full_attn_idxs")
         attn = list(range(n_layers)) if attn is None else attn
         kinds = ["attention" if i in attn else "conv" for i in range(n_layers)]
     rp = _rope(hf)
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    heads = hf["num_attention_heads"]
+    if not is_int(heads) or heads < 1:
+        raise ValueError(f"num_attention_heads must be an int >= 1, got {heads!r}")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     ff = lfm2_ff_dim(
         hf.get("block_ff_dim", hf.get("intermediate_size")),
         hf.get("block_auto_adjust_ff_dim", True),
@@ -216,10 +286,11 @@ def _lfm2_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
 
 
 def _qwen35_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
-    n_layers = hf["num_hidden_layers"]
+    kinds = None
     if hf.get("layer_types"):
         kinds = _layer_kinds(hf["layer_types"], {"full_attention": "attention", "linear_attention": "gdn"}, "Qwen3.5")
-    else:
+    n_layers = _layer_count(hf, kinds)
+    if kinds is None:
         every = hf.get("full_attention_interval", 4)
         kinds = ["attention" if (i + 1) % every == 0 else "gdn" for i in range(n_layers)]
     rp = _rope(hf)

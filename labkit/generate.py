@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
-from .decode.registry import make_decoder, pooled_decoder
-from .cache import HybridCache
+from .decode.registry import BACKENDS, make_decoder, pooled_decoder
+from .cache import CacheFullError, HybridCache
 from .model import HybridLM
+from .config import is_int
 from .sampling import SamplingParams, sample
 
 if TYPE_CHECKING:
@@ -66,6 +67,74 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _check_arguments(model: HybridLM, input_ids: torch.Tensor, max_new_tokens: int, backend: str,
+                     temperature: float, top_k: int | None, top_p: float | None, seed: int | None,
+                     stop_tokens: Iterable[int], cache: HybridCache | None, pad_token_id: int | None,
+                     progress: bool | None, prefix_cache: "PrefixCache | None") -> list[int]:
+    """Every argument of :func:`generate` checked before anything changes (a given cache is reset
+    only after this): type, range and shape, each refusal naming the argument, the value and the
+    fix. Returns the stop tokens as a list of ints (an iterator is read here, once).
+
+    The prompt's id range is checked here for every length (the model checks only prompts of two
+    tokens or more: a one-token prompt out of the vocabulary is a device-side assert on a GPU), by
+    one min/max reduction and one read to the host, before any timing starts."""
+    if not isinstance(model, HybridLM):
+        raise TypeError(f"model must be a labkit HybridLM (labkit.build or labkit.load), got {type(model).__name__}")
+    V = model.cfg.vocab_size
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a tensor of token ids, [T] or [batch, T], got {type(input_ids).__name__}"
+                        f"{' (wrap it: torch.tensor(ids))' if isinstance(input_ids, (list, tuple)) else ''}")
+    if input_ids.dim() not in (1, 2) or 0 in input_ids.shape:
+        raise ValueError(f"input_ids must be a non-empty [T] or [batch, T] tensor, got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must be int64 or int32 token ids, got {input_ids.dtype}: use input_ids.long()")
+    lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()
+    if lo < 0 or hi >= V:
+        raise ValueError(f"input_ids must be token ids in [0, {V}) for {model.cfg.name!r}, got ids in [{lo}, {hi}]")
+    B, T = (1, input_ids.shape[0]) if input_ids.dim() == 1 else input_ids.shape
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    SamplingParams(temperature, top_k, top_p)  # raises, naming the parameter
+    if seed is not None and not is_int(seed):
+        raise TypeError(f"seed must be None or an int, got {seed!r}")
+    if isinstance(stop_tokens, torch.Tensor) and not stop_tokens.is_floating_point():
+        stop_tokens = stop_tokens.reshape(-1).tolist()  # a tensor of ids, on the host
+    if isinstance(stop_tokens, (str, bytes, torch.Tensor)) or not isinstance(stop_tokens, Iterable):
+        raise TypeError(f"stop_tokens must be a list (or other iterable) of token ids, e.g. [7], got {stop_tokens!r}")
+    # a one-element integer tensor is an id too (int() took it before); a float one, like 10.7, is not
+    stops = [t.item() if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_floating_point() else t
+             for t in stop_tokens]
+    bad = [t for t in stops if not is_int(t) or not 0 <= t < V]
+    if bad:
+        raise ValueError(f"stop tokens must be int token ids in [0, {V}), got {bad!r} among stop_tokens={stops!r}")
+    if pad_token_id is not None and not (is_int(pad_token_id) and 0 <= pad_token_id < V):
+        raise ValueError(f"pad_token_id must be None (the first stop token) or a token id in [0, {V}), got "
+                         f"{pad_token_id!r}: a stopped sequence's pad is fed back into the model")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be None, True or False, got {progress!r}")
+    if cache is not None:
+        if not isinstance(cache, HybridCache):
+            raise TypeError(f"cache must be None or a HybridCache (model.new_cache(...)), got {type(cache).__name__}")
+        if cache.cfg != model.cfg or cache.dtype != model.dtype or cache.device != model.device:
+            raise ValueError(f"cache is a {cache.cfg.name!r} cache of {cache.dtype} on {cache.device}; the model is "
+                             f"{model.cfg.name!r} in {model.dtype} on {model.device}: make it with model.new_cache(...)")
+        need = T + max_new_tokens - 1
+        if B != cache.batch_size:
+            raise ValueError(f"input batch {B} does not match the cache's batch {cache.batch_size}; make a cache "
+                             f"with model.new_cache({B}, max_len={need})")
+        if need > cache.max_len:
+            raise CacheFullError(f"the prompt's {T} tokens and max_new_tokens={max_new_tokens} need {need} positions; "
+                                 f"the cache holds max_len={cache.max_len}: make one with model.new_cache({B}, max_len={need})")
+    if prefix_cache is not None:
+        from .prefix_cache import PrefixCache
+
+        if not isinstance(prefix_cache, PrefixCache):
+            raise TypeError(f"prefix_cache must be None or a labkit PrefixCache, got {type(prefix_cache).__name__}")
+    return stops
+
+
 @torch.no_grad()
 def generate(
     model: HybridLM,
@@ -96,10 +165,10 @@ def generate(
     and cache bucket (:func:`labkit.decode.registry.pooled_decoder`); others get a fresh cache, just large
     enough. A given cache is reset first, and a decoder attached to it is reused.
     """
+    stop_tokens = _check_arguments(model, input_ids, max_new_tokens, backend, temperature, top_k, top_p, seed,
+                                   stop_tokens, cache, pad_token_id, progress, prefix_cache)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     input_ids = input_ids.to(model.device)
     B, T = input_ids.shape
     params = SamplingParams(temperature, top_k, top_p)

@@ -95,6 +95,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset)
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rotary_dim, cfg.rope_theta), persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """``nn.Module``'s conversions (``to(dtype)``, ``half()``, ``bfloat16()``, ...) for every tensor but
+        the rotary frequencies, which stay float32 whatever the weights' dtype: rounded to bf16 they move
+        every angle (the reference's logits drift; the fused rung refuses them). A dtype change keeps the
+        very same float32 buffer (a captured graph still reads it); a move to another device makes
+        them afresh there, exactly, rather than converting a rounded copy back."""
+        before = self.inv_freq
+        out = super()._apply(fn, recurse)
+        after = self.inv_freq
+        if after.dtype != torch.float32:
+            self.inv_freq = before if after.device == before.device else rope_inv_freq(
+                self.cfg.rotary_dim, self.cfg.rope_theta, device=after.device)
+        return out
+
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
     ) -> torch.Tensor:

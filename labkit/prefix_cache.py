@@ -67,6 +67,7 @@ is refused with a clear error rather than restoring foreign state.
 
 from __future__ import annotations
 
+import math
 import operator
 import weakref
 from collections import OrderedDict
@@ -80,6 +81,7 @@ import torch
 from .cache import CacheFullError, HybridCache
 from .weights import weights_key
 from .model import HybridLM
+from .config import is_int, is_real
 from .ops.mixers import gdn_inputs_ref, short_conv_ref
 
 POLICIES = ("lru", "flops")
@@ -220,6 +222,19 @@ class PrefixPrefill:
     row_hits: list[int]  # tokens each row had cached (before taking the batch's shortest)
 
 
+def _check_arguments(model: Any, block_size: Any, budget_bytes: Any) -> None:
+    """PrefixCache's model, block size and budget, refused by name before anything is made."""
+    if not isinstance(model, HybridLM):
+        raise TypeError(f"PrefixCache needs a labkit HybridLM (labkit.build or labkit.load), got {type(model).__name__}")
+    if not is_int(block_size):
+        raise TypeError(f"block_size must be an int (tokens per snapshot), got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    # a NaN budget compares false with everything: nothing would ever be evicted
+    if not is_real(budget_bytes) or math.isnan(budget_bytes):
+        raise TypeError(f"budget_bytes must be a number of bytes (math.inf: no bound), got {budget_bytes!r}")
+
+
 class PrefixCache:
     """Snapshots of a model's per-sequence state at every ``block_size`` tokens, up to ``budget_bytes``.
 
@@ -241,8 +256,7 @@ class PrefixCache:
 
     def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
                  admission: str = "every") -> None:
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        _check_arguments(model, block_size, budget_bytes)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; available: {', '.join(POLICIES)}")
         if admission not in ADMISSIONS:

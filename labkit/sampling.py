@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import is_int, is_real
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -15,12 +17,12 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (is_real(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and not (is_int(self.top_k) and self.top_k >= 1):
+            raise ValueError(f"top_k must be None or an int >= 1 (the tokens kept), got {self.top_k!r}")
+        if self.top_p is not None and not (is_real(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be None or a number in (0, 1] (the nucleus' mass), got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:

@@ -91,7 +91,7 @@ def test_a_cache_too_small_is_refused_before_any_work(model, prompt):
     assert cache.seq_len == 10
     with pytest.raises(labkit.CacheFullError):
         labkit.generate(model, prompt, max_new_tokens=8, cache=cache)
-    assert cache.seq_len == 0  # reset, then refused: no prefill ran
+    assert cache.seq_len == 10  # refused before the reset: the cache is as it was
 
 
 def test_tokens_per_second_counts_every_sequence(model, prompt):

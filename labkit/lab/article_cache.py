@@ -157,14 +157,21 @@ class ArticleCache:
     # -- running ------------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, cache: HybridCache, last_only: bool = False) -> torch.Tensor:
         """``model(input_ids, cache=cache)`` with the article's cache in the attention and GDN cores."""
-        if cache is None:
-            raise ValueError("the article's cache works on the decode path: pass the model's HybridCache")
+        if not isinstance(cache, HybridCache):
+            raise ValueError("the article's cache works on the decode path: pass the model's HybridCache, "
+                             f"got {type(cache).__name__}")
+        # everything checked before any state changes: a refused call leaves this cache as it was
+        self.model._check_input(input_ids, cache)
         if self._batch is not None and input_ids.shape[0] != self._batch:
             raise ValueError(f"this ArticleCache holds {self._batch} sequences, got a batch of {input_ids.shape[0]}; "
                              "reset() it for new sequences")
+        if input_ids.shape[1] != 1 and any(st.pending for st in self._state.values()):
+            # found here, not in the GDN core: by then the layers before it would have written the cache
+            raise RuntimeError("a prefill continues sequences with tokens still waiting in level 1: decode them "
+                               "one token at a time, or reset() this ArticleCache and the cache for new sequences")
         self._batch = input_ids.shape[0]
         with self._hooked():
-            return self.model(input_ids, cache=cache, last_only=last_only, cores=self.cores)
+            return self.model.forward_checked(input_ids, cache=cache, last_only=last_only, cores=self.cores)
 
     def reset(self) -> None:
         """Forget every sequence: EMAs, level 1 and level 2 (the work counts too)."""
