@@ -5,7 +5,6 @@
     out = labkit.generate(model, input_ids, max_new_tokens=128, backend="reference")
 """
 
-from .decode import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
 from .lab.article_cache import ArticleCache
 from .decode.registry import BACKENDS
 from .cache import CacheFullError, HybridCache

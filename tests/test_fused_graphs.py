@@ -1,7 +1,7 @@
 """The graph backends' own code paths, on a CPU: capture, replay, reuse across generate calls, and
 recapture when the weights change.
 
-CUDA graphs need a GPU, so ``labkit.decode.fused.GRAPHS`` (the one seam) is replaced by a stand-in whose
+CUDA graphs need a GPU, so ``labkit.decode.graphs.GRAPHS`` (the one seam) is replaced by a stand-in whose
 capture records the step without running it and whose replay re-runs it. Like a real graph, a
 recording binds the plan it was made with: replaying it after a parameter was replaced would read
 the old tensor, so a missing recapture shows up as wrong tokens. Without the stand-in the graph
@@ -14,7 +14,7 @@ from torch import nn
 
 import labkit
 from conftest import random_prompt, rel_err
-from labkit.decode import fused
+from labkit.decode import fused_prefill
 from labkit.decode.registry import make_decoder, release_pooled
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
@@ -32,7 +32,7 @@ def test_replayed_steps_match_eager_and_reference(preset, batch, graphs):
         buf.fill_(float("nan"))
     token = ref.prefill(prompt).argmax(-1)
     eager.prefill(prompt)
-    graph.prefill(prompt)  # a length seen once: eager (fused.PREFILL_CAPTURE_AT)
+    graph.prefill(prompt)  # a length seen once: eager (fused_prefill.PREFILL_CAPTURE_AT)
     assert (graphs.captures, graphs.warm_ups, graphs.replays) == (2, 2, 0)
     for step in range(4):
         want = ref.step(token)
@@ -135,14 +135,14 @@ def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
     out = labkit.generate(model, prompt, 3, backend="fused+graph")  # a new pooled entry, in float32
     assert torch.equal(out.tokens, labkit.generate(model, prompt, 3).tokens)
     pool = model.attachments["labkit.decoder_pool"]
-    assert [key[-1] for key in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
+    assert [key[-1] for key, _ in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
 
 
 def test_prefill_graphs_per_length_match_the_eager_prefill(graphs, monkeypatch):
     """fused+graph prefill of a fresh cache: a graph per prompt length from its second time (the
     least recently used dropped past PREFILL_GRAPHS), the same logits and cache as the eager fused
     prefill; a prompt that continues a sequence runs eagerly."""
-    monkeypatch.setattr(fused, "PREFILL_GRAPHS", 2)
+    monkeypatch.setattr(fused_prefill, "PREFILL_GRAPHS", 2)
     model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=4)
     eager = make_decoder("fused", model, model.new_cache(2, max_len=16))
     graph = make_decoder("fused+graph", model, model.new_cache(2, max_len=16))

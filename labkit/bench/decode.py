@@ -51,7 +51,7 @@ def labkit_runner(model: HybridLM, backend: str, batch: int, max_len: int) -> Ru
     cache = model.new_cache(batch, max_len)
     decoder = make_decoder(backend, model, cache)
     # backends that can pick the next token without writing logits (the fused ones) do so here
-    return Runner(cache.reset, decoder.prefill, decoder.step, getattr(decoder, "step_greedy", None))
+    return Runner(cache.reset, decoder.prefill, decoder.step, decoder.step_greedy)
 
 
 def transformers_runner(model: HybridLM, compiled: bool = False) -> Runner:
@@ -139,7 +139,7 @@ class PrefillResult:
     tokens_per_s: float | None = None
     # labkit backends: the first prefill of this length by a new decoder (kernels already compiled),
     # host clock (fused+graph runs a length's first prefill eagerly and captures it the second time,
-    # labkit.decode.fused.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
+    # labkit.decode.fused_prefill.PREFILL_CAPTURE_AT: the steady state ``ms`` is the replay)
     first_call_ms: float | None = None
     error: str | None = None
 

@@ -29,7 +29,7 @@ def test_fused_prefill_is_as_close_to_float32_as_the_reference(preset):
     ref = model(ids, cache=model.new_cache(1, T), last_only=True)[:, -1].float()
     eager = make_decoder("fused", model, model.new_cache(1, T)).prefill(ids).float()
     graph_dec = make_decoder("fused+graph", model, model.new_cache(1, T))
-    for _ in range(2):  # eager the first time, captured and replayed the second (fused.PREFILL_CAPTURE_AT)
+    for _ in range(2):  # eager the first time, captured and replayed the second (fused_prefill.PREFILL_CAPTURE_AT)
         graph_dec.cache.reset()
         graph = graph_dec.prefill(ids).float().clone()
     assert graph_dec.prefill_captures == 1
