@@ -61,9 +61,12 @@ prefill of ``k * block_size`` tokens, estimated as ``2 * model.num_parameters() 
 matmul FLOPs; attention's quadratic term and the embedding gather are not counted), and evicting
 it frees its own bytes (one block of KV plus the recurrent states).
 
-A cache is bound to one model: its configuration, dtype, device and weights
-(:func:`labkit.weights.weights_key`); any other model, or the same model after its weights changed,
-is refused with a clear error rather than restoring foreign state.
+A cache is bound to one model's weights: its configuration, dtype, device and weights
+(:func:`labkit.weights.weights_key`, whose fingerprint also sees edits through ``.data``); a model
+with other weights, or the same model after its weights changed, is refused with a clear error
+rather than restoring foreign state. Another model object with the same weights (the same
+checkpoint loaded twice: the same names, shapes, dtypes and sampled values,
+:meth:`labkit.weights.WeightsKey.same_values`) is accepted, and then bound like the first.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ from typing import Any
 import torch
 
 from .cache import CacheFullError, HybridCache
-from .weights import weights_key
+from .weights import WeightsKey, weights_key
 from .decode.protocol import Decoder
 from .model import HybridLM
 from .ops.mixers import MixerCores, gdn_inputs_ref, short_conv_ref
@@ -252,6 +255,8 @@ class PrefixCache:
         self.admission = admission
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self._weights = weights_key(model)
+        # every model object accepted, with the key it was accepted at (the first: the one given here)
+        self._accepted: "weakref.WeakKeyDictionary[HybridLM, WeightsKey]" = weakref.WeakKeyDictionary({model: self._weights})
         self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
         self.flops_per_token = 2 * model.num_parameters()
         self.snapshot_bytes = self._snapshot_bytes()
@@ -314,7 +319,7 @@ class PrefixCache:
 
     # -- checks --------------------------------------------------------------------------------------
     def _check(self, decoder: Decoder, input_ids: torch.Tensor,
-               weights: tuple | None = None) -> tuple[HybridLM, HybridCache, list, tuple]:
+               weights: WeightsKey | None = None) -> tuple[HybridLM, HybridCache, list, WeightsKey]:
         """The model and cache, the block keys of the prompt's rows and the model's weights key, once the
         decoder, its cache and the prompt are found to fit this PrefixCache (else an error)."""
         if not isinstance(decoder, Decoder):
@@ -334,11 +339,7 @@ class PrefixCache:
                 f"on {model.device}: make a PrefixCache for that model"
             )
         key = weights_key(model) if weights is None else weights
-        if key != self._weights:
-            raise ValueError(
-                "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
-                "was made: its snapshots no longer describe this model; make a new PrefixCache"
-            )
+        self._check_weights(model, key)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
         if input_ids.dtype not in (torch.int64, torch.int32):
@@ -365,9 +366,30 @@ class PrefixCache:
             )
         return model, cache, _block_keys(host, self.block_size), key
 
+    def _check_weights(self, model: HybridLM, key: WeightsKey) -> None:
+        """Refuse a model whose weights are not the ones the snapshots were made from: a model object
+        seen before must hold the key it was accepted at; a new one must hold the same values (names,
+        shapes, dtypes, fingerprint) as the model this cache was made for, and is then bound too."""
+        if key == self._weights:
+            return
+        seen = self._accepted.get(model)
+        if seen is not None and key == seen:
+            return
+        if seen is not None:
+            raise ValueError(
+                "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
+                "was made: its snapshots no longer describe this model; make a new PrefixCache"
+            )
+        if not key.same_values(self._weights):
+            raise ValueError(
+                "this model's weights are not the ones this PrefixCache's snapshots were made from (another "
+                "model of the same configuration, or edited): make a PrefixCache for this model"
+            )
+        self._accepted[model] = key
+
     # -- prefill -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, decoder: Decoder, input_ids: torch.Tensor, *, weights: tuple | None = None) -> PrefixPrefill:
+    def prefill(self, decoder: Decoder, input_ids: torch.Tensor, *, weights: WeightsKey | None = None) -> PrefixPrefill:
         """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
         return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
         snapshots change if the decoder's model is not this cache's, or the prompt does not fit.

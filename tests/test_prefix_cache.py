@@ -31,7 +31,7 @@ def _decoder(model, backend, batch, max_len=64):
 
 def _greedy(decoder, logits, n=NEW):
     """n greedy tokens after a prefill's logits, as generate takes them (the backend's greedy step)."""
-    step = getattr(decoder, "step_greedy", None) or (lambda t: decoder.step(t).argmax(-1))
+    step = decoder.step_greedy
     token, out = logits.argmax(-1), []
     for _ in range(n):
         out.append(token)

@@ -45,7 +45,7 @@ from .plan import AttentionLayerPlan, ConvLayerPlan, LinearPlan, StepPlan, build
 from .protocol import Decoder
 from ..cache import HybridCache
 from ..model import HybridLM
-from ..weights import weights_key
+from ..weights import WeightsKey, weights_key
 
 
 def _load_ops() -> Any:
@@ -81,7 +81,7 @@ class FusedDecoder(FusedPrefill, Decoder):
         self.graph, self.pdl = graph, pdl
         self.plan: StepPlan | None = None
         self._graphs: dict[bool, Any] = {}
-        self._weights: tuple | None = None
+        self._weights: WeightsKey | None = None
         self.captures = 0  # how many times the graphs were (re)captured
         self._init_prefills(graph)
         self.refresh()
@@ -108,13 +108,13 @@ class FusedDecoder(FusedPrefill, Decoder):
             raise RuntimeError("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
 
     @property
-    def checked_weights(self) -> tuple | None:
+    def checked_weights(self) -> WeightsKey | None:
         """The model's :func:`weights_key` as the latest :meth:`refresh` took it (None before one
         succeeded): a caller that has just refreshed the decoder (``generate``, through
         ``fused_decoder``) passes it on instead of taking the key again."""
         return self._weights
 
-    def refresh(self, weights: tuple | None = None) -> bool:
+    def refresh(self, weights: WeightsKey | None = None) -> bool:
         """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were
         made: replaced, modified in place, or moved. True when it rebuilt. Called by every prefill
         and when ``generate`` reuses the decoder: once per sequence, never per token. ``weights``:

@@ -30,7 +30,7 @@ from . import graphs
 from .protocol import Decoder
 from ..cache import HybridCache
 from ..model import HybridLM
-from ..weights import weights_key
+from ..weights import WeightsKey, weights_key
 
 
 class WholeCacheView:
@@ -74,7 +74,7 @@ class ReferenceGraphDecoder(Decoder):
         self.tokens = torch.zeros(cache.batch_size, dtype=torch.long, device=model.device)
         self._graphs: dict[bool, Any] = {}
         self._outputs: dict[bool, torch.Tensor] = {}
-        self._weights: tuple | None = None
+        self._weights: WeightsKey | None = None
         self.captures = 0
 
     def refresh(self) -> None:
