@@ -118,6 +118,9 @@ def generate(
     # state it reads), so zeroing it here too would be launches for nothing
     zero = prefix_cache is None
     with ExitStack() as lease:  # a pooled decoder and its cache are this call's until it returns
+        # what a decoder keeps (pooled caches, plans, graphs' inputs) stays usable outside inference
+        # mode when this call runs inside it (inference tensors cannot be written outside it)
+        lease.enter_context(torch.inference_mode(False))
         if cache is None:
             decoder, cache = lease.enter_context(leased_decoder(backend, model, B, T + max_new_tokens, zero=zero))
         else:

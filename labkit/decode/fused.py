@@ -126,10 +126,11 @@ class FusedDecoder(FusedPrefill, Decoder):
         self._weights, self._graphs, self.plan = None, {}, None  # if this fails, nothing stale is left
         self._forget_prefills()
         self._check_model()
-        self.plan = build_step_plan(self.model, self.cache)
-        if self.graph:
-            self._graphs = {greedy: self._capture(greedy) for greedy in (False, True)}
-            self.captures += 1
+        with torch.inference_mode(False):  # the plan's buffers are written by later steps, in any mode
+            self.plan = build_step_plan(self.model, self.cache)
+            if self.graph:
+                self._graphs = {greedy: self._capture(greedy) for greedy in (False, True)}
+                self.captures += 1
         self._weights = key
         return True
 

@@ -169,6 +169,7 @@ class FusedPrefill:
         cache.advance_host(T)  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
 
+    @torch.inference_mode(False)  # its ``ids`` are written by later replays, in any mode
     def _capture_prefill(self, input_ids: torch.Tensor) -> "PrefillGraph":
         """Warm up (kernels compile) and capture the prefill of ``input_ids``' shape into this cache
         as it stands (fresh, or holding a restored prefix). The warm-up writes the cache: its states
