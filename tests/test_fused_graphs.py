@@ -162,3 +162,24 @@ def test_prefill_graphs_per_length_match_the_eager_prefill(graphs, monkeypatch):
     more = random_prompt(model, 2, 2, seed=9)
     eager_more, graph_more = eager.prefill(more), graph.prefill(more)  # continues: eager, no capture
     assert graphs.captures == captures and rel_err(graph_more, eager_more) < 1e-6
+
+
+def test_a_refresh_drops_the_captured_continuations(graphs):
+    """A captured continuation (the tail after a restored prefix, FusedPrefill.prefill_continuation)
+    binds the weights of its capture, as a real CUDA graph binds their tensors: after the weights
+    change, the same (restored length, tail) shape is captured again, not replayed."""
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=2)
+    decoder = make_decoder("fused+graph", model, model.new_cache(1, 32))
+    prompt = random_prompt(model, 1, 11)
+    prefix = labkit.PrefixCache(model, 4, budget_bytes=10**8)
+    prefix.prefill(decoder, prompt)  # a miss: stores the snapshots
+    assert prefix.prefill(decoder, prompt).restored == 8  # a hit: the 3-token tail is captured
+    captured = graphs.captures
+    prefix.prefill(decoder, prompt)
+    assert graphs.captures == captured  # and replayed
+    _modify_by_replacing(model)
+    prefix = labkit.PrefixCache(model, 4, budget_bytes=10**8)  # the old snapshots describe the old weights
+    prefix.prefill(decoder, prompt)  # a miss: the decoder refreshes, its two step graphs recaptured
+    got = prefix.prefill(decoder, prompt)
+    assert graphs.captures == captured + 3  # the continuation of the same shape, captured anew
+    assert rel_err(got.logits, model(prompt)[:, -1]) < 1e-5
