@@ -33,11 +33,15 @@ fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`).
 
 The fingerprint is read on every call (that is its point): one ``as_strided`` view per tensor (a
 C-level ``map``, no copy), one ``cat`` per device and dtype, one copy to the host per device. It
-is the one part that touches the device: on a GPU the host waits for it (a sync, ~0.02 ms when the
-device is idle, which it is where the key is taken: before a prefill). Measured on a CPU (this
-machine, 2 cores shared; ``python -m labkit.weights``): for a model with Qwen3.5-0.8B's 236
-tensors, a memoized key without the fingerprint took ~0.25 ms and with it ~0.45 ms; for
-tiny-qwen3.5 (38 tensors), ~0.04 and ~0.08 ms. Tensors on the meta device hold no values and are
+is the one part that touches the device: on a GPU the host waits for it (a sync; the
+device is idle where the key is taken, before a prefill, so it waits for the copy alone). Its cost is Python and
+dispatch per tensor (~1 us for each view, and the cat of many small pieces), about what reading the
+other facts costs: it roughly doubles a memoized key. Measured on this project's shared 2-core CPU
+machine while other jobs ran (timeit, best of 5): with Qwen3.5-0.8B's 236 tensors (its 24 layers at
+tiny widths: the cost is per tensor, not per byte), a memoized key took 1.24 ms, of which the
+fingerprint 0.69 ms (a full walk: 3.6 ms); tiny-qwen3.5's 51 tensors, 0.28 ms of which 0.18. On
+the H200 machine's host, where the key without it took 0.22 ms, expect about twice that
+(tests/gpu/test_gpu_weights_key.py prints it). Tensors on the meta device hold no values and are
 not sampled.
 """
 
