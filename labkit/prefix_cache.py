@@ -256,7 +256,7 @@ class PrefixCache:
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self._weights = weights_key(model)
         # every model object accepted, with the key it was accepted at (the first: the one given here)
-        self._accepted: "weakref.WeakKeyDictionary[HybridLM, WeightsKey]" = weakref.WeakKeyDictionary({model: self._weights})
+        self._accepted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({model: self._weights})
         self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
         self.flops_per_token = 2 * model.num_parameters()
         self.snapshot_bytes = self._snapshot_bytes()
@@ -431,8 +431,8 @@ class PrefixCache:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if start and T - start < bs:
             # no boundary to read: replayable (fused+graph); the ids and the weights were checked here already
-            return PrefixPrefill(logits=decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key),
-                                 restored=start, row_hits=row_hits)
+            logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key)
+            return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
         # the decoder's cores, with the chunk kernel's state checkpoints at the block boundaries if it takes them
         multiple, checkpoints = decoder.checkpoint_multiple, []
         if count and multiple and bs % multiple == 0:

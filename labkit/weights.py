@@ -33,8 +33,8 @@ fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`).
 
 The fingerprint is read on every call (that is its point): one ``as_strided`` view per tensor (a
 C-level ``map``, no copy), one ``cat`` per device and dtype, one copy to the host per device. It
-is the one part that touches the device: on a GPU the host waits for it (a sync; the
-device is idle where the key is taken, before a prefill, so it waits for the copy alone). Its cost is Python and
+is the one part that touches the device: on a GPU the host waits for it (a sync; the device is
+idle where the key is taken, before a prefill, so it waits for the copy alone). Its cost is Python and
 dispatch per tensor (~1 us for each view, and the cat of many small pieces), about what reading the
 other facts costs: it roughly doubles a memoized key. Measured on this project's shared 2-core CPU
 machine while other jobs ran (timeit, best of 5): with Qwen3.5-0.8B's 236 tensors (its 24 layers at
