@@ -11,7 +11,6 @@ This namespace is the product: models, caches, decoders, checkpoints. The workbo
 (tests/test_layering.py).
 """
 
-from .decode import fused  # registers the "fused", "fused+graph" and "fused+graph+pdl" backends
 from .decode.registry import BACKENDS
 from .cache import CacheFullError, HybridCache
 from .checkpoint import CheckpointError, load, save

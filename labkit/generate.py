@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 import torch
 
-from .decode.registry import BACKENDS, make_decoder, pooled_decoder
 from .cache import CacheFullError, HybridCache
+from .decode.protocol import Decoder
+from .decode.registry import BACKENDS, leased_decoder, make_decoder
 from .model import HybridLM
 from .config import is_int
 from .sampling import SamplingParams, sample
@@ -162,8 +164,9 @@ def generate(
 
     Without a ``cache``, the backends that are slow to set up (the fused ones: kernels, graphs)
     keep their decoder and a cache on the model and reuse them in later calls with the same batch
-    and cache bucket (:func:`labkit.decode.registry.pooled_decoder`); others get a fresh cache, just large
-    enough. A given cache is reset first, and a decoder attached to it is reused.
+    and cache bucket (:func:`labkit.decode.registry.leased_decoder`: lent to one call at a time, so
+    concurrent calls from threads each get their own); others get a fresh cache, just large enough.
+    A given cache is reset first, and a decoder attached to it is reused.
     """
     stop_tokens = _check_arguments(model, input_ids, max_new_tokens, backend, temperature, top_k, top_p, seed,
                                    stop_tokens, cache, pad_token_id, progress, prefix_cache)
@@ -183,15 +186,28 @@ def generate(
     # a prefix cache's prefill resets the cache itself (zeroing it on a miss; a hit overwrites every
     # state it reads), so zeroing it here too would be launches for nothing
     zero = prefix_cache is None
-    if cache is None:
-        decoder, cache = pooled_decoder(backend, model, B, T + max_new_tokens, zero=zero)
-    else:
-        cache.reset(zero=zero)
-        cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
-        decoder = make_decoder(backend, model, cache)
-    _sync(model.device)
-    setup_s = time.perf_counter() - t_setup
-    greedy_step = getattr(decoder, "step_greedy", None) if params.greedy else None
+    with ExitStack() as lease:  # a pooled decoder and its cache are this call's until it returns
+        # what a decoder keeps (pooled caches, plans, graphs' inputs) stays usable outside inference
+        # mode when this call runs inside it (inference tensors cannot be written outside it)
+        lease.enter_context(torch.inference_mode(False))
+        if cache is None:
+            decoder, cache = lease.enter_context(leased_decoder(backend, model, B, T + max_new_tokens, zero=zero))
+        else:
+            cache.reset(zero=zero)
+            cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
+            decoder = make_decoder(backend, model, cache)
+        _sync(model.device)
+        setup_s = time.perf_counter() - t_setup
+        return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stops, pad, progress,
+                       prefix_cache, setup_s)
+
+
+def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, backend: str, params: SamplingParams,
+            seed: int | None, stops: torch.Tensor, pad: int, progress: bool | None,
+            prefix_cache: "PrefixCache | None", setup_s: float) -> GenerationResult:
+    """The timed part of :func:`generate`, once its decoder is ready (and, if pooled, lent to it)."""
+    model = decoder.model
+    B, T = input_ids.shape
     generator = None
     if not params.greedy:
         generator = torch.Generator(device=model.device).manual_seed(0 if seed is None else seed)
@@ -206,7 +222,7 @@ def generate(
         logits = decoder.prefill(input_ids)
     else:
         # a fused decoder took the weights key when it was fetched above (refresh): not taken twice
-        pre = prefix_cache.prefill(decoder, input_ids, weights=getattr(decoder, "checked_weights", None))
+        pre = prefix_cache.prefill(decoder, input_ids, weights=decoder.checked_weights)
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     _sync(model.device)
@@ -230,8 +246,8 @@ def generate(
         # One host read per step when stop tokens are in play: the price of stopping early.
         if n == max_new_tokens or (stops.numel() and bool(finished.all())):
             break
-        if greedy_step is not None:
-            token = greedy_step(token)  # the backend's argmax, without materialising logits
+        if params.greedy:
+            token = decoder.step_greedy(token)  # a fused rung's argmax does not materialise logits
         else:
             token = sample(decoder.step(token), params, generator)
     _sync(model.device)

@@ -19,8 +19,9 @@ states from the chunk kernel's checkpoints (``checkpoints=`` of
 and the block is a multiple of its 64-token chunk, else by calling the delta rule piece by piece
 between boundaries; the KV blocks are sliced from the cache afterwards. A tail shorter than a block
 after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
-captured per (restored length, tail length) (:meth:`labkit.decode.fused.FusedDecoder.prefill_continuation`).
-A decoder without ``prefill_cores`` is run block by block through its own prefill instead.
+captured per (restored length, tail length) (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`).
+A decoder that lends no cores (``prefill_cores()`` is None) is run block by block through its own
+prefill instead.
 Restoring copies stored tensors; a hit gives the logits of no cache at all up to float32 rounding
 (the chunked delta rule restarts its chunks at the restored boundary; the tests hold the
 difference to 1e-5 relative in float32).
@@ -60,9 +61,12 @@ prefill of ``k * block_size`` tokens, estimated as ``2 * model.num_parameters() 
 matmul FLOPs; attention's quadratic term and the embedding gather are not counted), and evicting
 it frees its own bytes (one block of KV plus the recurrent states).
 
-A cache is bound to one model: its configuration, dtype, device and weights
-(:func:`labkit.weights.weights_key`); any other model, or the same model after its weights changed,
-is refused with a clear error rather than restoring foreign state.
+A cache is bound to one model's weights: its configuration, dtype, device and weights
+(:func:`labkit.weights.weights_key`, whose fingerprint also sees edits through ``.data``); a model
+with other weights, or the same model after its weights changed, is refused with a clear error
+rather than restoring foreign state. Another model object with the same weights (the same
+checkpoint loaded twice: the same names, shapes, dtypes and sampled values,
+:meth:`labkit.weights.WeightsKey.same_values`) is accepted, and then bound like the first.
 """
 
 from __future__ import annotations
@@ -79,10 +83,11 @@ from typing import Any
 import torch
 
 from .cache import CacheFullError, HybridCache
-from .weights import weights_key
+from .weights import WeightsKey, weights_key
+from .decode.protocol import Decoder
 from .model import HybridLM
 from .config import is_int, is_real
-from .ops.mixers import gdn_inputs_ref, short_conv_ref
+from .ops.mixers import MixerCores, gdn_inputs_ref, short_conv_ref
 
 POLICIES = ("lru", "flops")
 ADMISSIONS = ("every", "ends")
@@ -240,8 +245,8 @@ class PrefixCache:
 
     Use: ``out = prefix.prefill(decoder, input_ids)`` in place of ``decoder.prefill(input_ids)``; the
     decoder's cache is reset, refilled from the longest cached prefix, and the rest of the prompt is
-    prefilled; then decode with ``decoder.step`` as usual. Any backend's decoder works (it needs
-    ``.model``, ``.cache`` and ``.prefill``).
+    prefilled; then decode with ``decoder.step`` as usual. Any rung's decoder works (a
+    :class:`labkit.decode.Decoder`: what it lends is declared there).
 
     A hit's copies are listed once per (cache, nodes restored) in a :class:`_RestorePlan` and reused
     by later hits on the same path (the lists cost ~0.1 ms of Python per hit to build on
@@ -264,6 +269,8 @@ class PrefixCache:
         self.admission = admission
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self._weights = weights_key(model)
+        # every model object accepted, with the key it was accepted at (the first: the one given here)
+        self._accepted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({model: self._weights})
         self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
         self.flops_per_token = 2 * model.num_parameters()
         self.snapshot_bytes = self._snapshot_bytes()
@@ -325,13 +332,16 @@ class PrefixCache:
         return count
 
     # -- checks --------------------------------------------------------------------------------------
-    def _check(self, decoder: Any, input_ids: torch.Tensor,
-               weights: tuple | None = None) -> tuple[HybridLM, HybridCache, list, tuple]:
+    def _check(self, decoder: Decoder, input_ids: torch.Tensor,
+               weights: WeightsKey | None = None) -> tuple[HybridLM, HybridCache, list, WeightsKey]:
         """The model and cache, the block keys of the prompt's rows and the model's weights key, once the
         decoder, its cache and the prompt are found to fit this PrefixCache (else an error)."""
-        model, cache = getattr(decoder, "model", None), getattr(decoder, "cache", None)
+        if not isinstance(decoder, Decoder):
+            raise TypeError(f"PrefixCache.prefill needs a labkit.decode.Decoder (a rung's decoder, e.g. from "
+                            f"labkit.decode.make_decoder), got a {type(decoder).__name__}")
+        model, cache = decoder.model, decoder.cache
         if not isinstance(model, HybridLM) or not isinstance(cache, HybridCache):
-            raise TypeError("PrefixCache.prefill needs a decoder with .model (a HybridLM) and .cache (a HybridCache)")
+            raise TypeError("PrefixCache.prefill needs a decoder whose .model is a HybridLM and .cache a HybridCache")
         if model.cfg != self.cfg:
             raise ValueError(
                 f"this PrefixCache holds snapshots of {self.cfg.name!r}; the decoder runs {model.cfg.name!r} "
@@ -343,11 +353,7 @@ class PrefixCache:
                 f"on {model.device}: make a PrefixCache for that model"
             )
         key = weights_key(model) if weights is None else weights
-        if key != self._weights:
-            raise ValueError(
-                "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
-                "was made: its snapshots no longer describe this model; make a new PrefixCache"
-            )
+        self._check_weights(model, key)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
         if input_ids.dtype not in (torch.int64, torch.int32):
@@ -374,9 +380,30 @@ class PrefixCache:
             )
         return model, cache, _block_keys(host, self.block_size), key
 
+    def _check_weights(self, model: HybridLM, key: WeightsKey) -> None:
+        """Refuse a model whose weights are not the ones the snapshots were made from: a model object
+        seen before must hold the key it was accepted at; a new one must hold the same values (names,
+        shapes, dtypes, fingerprint) as the model this cache was made for, and is then bound too."""
+        if key == self._weights:
+            return
+        seen = self._accepted.get(model)
+        if seen is not None and key == seen:
+            return
+        if seen is not None:
+            raise ValueError(
+                "the model's weights changed (replaced, moved or modified in place) since this PrefixCache "
+                "was made: its snapshots no longer describe this model; make a new PrefixCache"
+            )
+        if not key.same_values(self._weights):
+            raise ValueError(
+                "this model's weights are not the ones this PrefixCache's snapshots were made from (another "
+                "model of the same configuration, or edited): make a PrefixCache for this model"
+            )
+        self._accepted[model] = key
+
     # -- prefill -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, decoder: Any, input_ids: torch.Tensor, *, weights: tuple | None = None) -> PrefixPrefill:
+    def prefill(self, decoder: Decoder, input_ids: torch.Tensor, *, weights: WeightsKey | None = None) -> PrefixPrefill:
         """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
         return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
         snapshots change if the decoder's model is not this cache's, or the prompt does not fit.
@@ -416,13 +443,20 @@ class PrefixCache:
             admit = [set(range(count)) for _ in paths]
         else:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
-        if getattr(decoder, "prefill_cores", None) is None:
-            logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit)
-        elif start and T - start < bs and hasattr(decoder, "prefill_continuation"):
-            # no boundary to read: replayable; the ids and the weights were checked here already
+        if start and T - start < bs:
+            # no boundary to read: replayable (fused+graph); the ids and the weights were checked here already
             logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key)
+            return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
+        # the decoder's cores, with the chunk kernel's state checkpoints at the block boundaries if it takes them
+        multiple, checkpoints = decoder.checkpoint_multiple, []
+        if count and multiple and bs % multiple == 0:
+            base = decoder.prefill_cores(bs, checkpoints)
+        else:
+            base, checkpoints = decoder.prefill_cores(), None
+        if base is None:  # it lends none: its own prefill, block by block
+            logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit)
         else:  # one prefill of the rest, the states at its block boundaries read while it runs
-            boundaries = _BoundaryStates(decoder, cache, bs, (T - start) // bs)
+            boundaries = _BoundaryStates(base, checkpoints, cache, bs, count)
             logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
             for j in range(boundaries.count):
                 at = start + j * bs
@@ -432,7 +466,7 @@ class PrefixCache:
                                                 conv, recurrent, j in admit[r])
         return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
 
-    def _prefill_block_by_block(self, decoder: Any, cache: HybridCache, input_ids: torch.Tensor, keys: list,
+    def _prefill_block_by_block(self, decoder: Decoder, cache: HybridCache, input_ids: torch.Tensor, keys: list,
                                 pos: int, current: list, pinned: set[int], admit: list[set[int]]) -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
         boundary's state read from the cache after the block."""
@@ -652,7 +686,8 @@ class PrefixCache:
 
 class _BoundaryStates:
     """The conv windows and recurrent states at the block boundaries of one prefill call, read while it
-    runs: ``cores`` wrap the decoder's own prefill cores (:meth:`Decoder.prefill_cores`).
+    runs: ``cores`` wrap the decoder's own prefill cores ``base`` (:meth:`Decoder.prefill_cores`), which
+    append the chunk kernel's state checkpoints to ``checkpoints`` (None: they take none).
 
     The model calls the conv core once per conv or GDN layer and the delta rule once per GDN layer,
     in layer order, so the n-th call belongs to the n-th such layer of the cache. A conv window after
@@ -663,16 +698,16 @@ class _BoundaryStates:
     prefill would be) and the state is read between the pieces.
     """
 
-    def __init__(self, decoder: Any, cache: HybridCache, every: int, count: int) -> None:
+    def __init__(self, base: MixerCores, checkpoints: list[torch.Tensor] | None, cache: HybridCache, every: int,
+                 count: int) -> None:
         self.every, self.count = every, count
         self._conv_layers, self._gdn_layers = list(cache.conv_states), list(cache.recurrent_states)
         self._conv_calls = self._gdn_calls = 0
         self.conv: dict[int, torch.Tensor] = {}  # layer -> [B, count, K-1, C]
         self.recurrent: dict[int, torch.Tensor] = {}  # layer -> [B, count, Hv, K, V] float32
-        multiple = getattr(decoder, "checkpoint_multiple", None)
-        self.from_kernel = bool(count and multiple and every % multiple == 0)
-        self._checkpoints: list[torch.Tensor] = []
-        self.base = decoder.prefill_cores(every, self._checkpoints) if self.from_kernel else decoder.prefill_cores()
+        self.from_kernel = checkpoints is not None
+        self._checkpoints = checkpoints
+        self.base = base
         # the base's kernels stay, except the two that hold a conv: their references call this conv
         self.cores = replace(self.base, delta_rule=self._delta_rule, conv=self._conv,
                              short_conv=partial(short_conv_ref, conv=self._conv),

@@ -1,49 +1,94 @@
-"""A model's weights key: what a plan, a captured graph or a prefix snapshot depends on.
+"""A model's weights key: the one identity check of what a plan, a captured graph or a prefix snapshot
+depends on.
 
-:func:`weights_key` is taken on every prefill (by :meth:`labkit.decode.fused.FusedDecoder.refresh`, by
-:class:`labkit.PrefixCache` on every hit), so its cost is paid on every time to first token. Walking
-the module tree and reading every tensor's metadata costs ~0.2-0.3 ms of Python on Qwen3.5-0.8B; a
-prefix-cache hit is ~4 ms in all, so the walk is memoized per model object. The memo is exact: it
-returns the key a full walk would return. It keeps weak references to the modules and tensors it
-saw and, on each call, re-reads in a few C-level passes (``map`` over the memo's lists, no Python
-call per tensor) the facts the key is made of: every module's parameter, buffer and child names,
-that each entry is still the very object seen, and each tensor's storage address, in-place version
-counter, shape and dtype. Any difference, or a module or tensor that died, and the key is walked
-again.
+:func:`weights_key` returns a :class:`WeightsKey` of three parts:
 
-What it saves is the walk's Python, not the reading of the facts: on a CPU, for Qwen3.5-0.8B's
-136 modules and 236 tensors (built on the meta device), a full walk took ~306 us and a memoized
-call ~225 us (11 Python calls instead of ~1,000), of which ~90 us is reading four facts of each
-tensor; on the H200 machine's host, 0.219 ms against 0.232 (data/bench/nvidia-h200/hit-host.json):
-the facts cost what the walk did. The saving that counts is not taking the key twice: ``generate``
-hands the fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`.
+- ``layout``: every module's parameter, buffer and child names in walk order, with each tensor's
+  shape and dtype: *what* the weights are (a renamed, deleted, reshaped or converted tensor moves it);
+- ``places``: each tensor's storage address and in-place version counter: *where* they live and
+  the edits torch counts (a replaced tensor, a moved model, ``p.add_(1)`` under ``no_grad``);
+- ``fingerprint``: the bytes of a few sampled elements of every tensor (``SAMPLES``, evenly spaced
+  over its storage span): the edits torch does not count. ``p.data`` is a tensor with its own
+  version counter, so ``p.data.mul_(3)`` leaves ``places`` as it was; it moves the sampled
+  elements. An edit of elements that are not sampled (``p.data[3, 5] = 0``) is not seen: the
+  fingerprint is a cheap net under whole-tensor edits, not a hash of every weight.
+
+Every rung (:meth:`labkit.decode.fused.FusedDecoder.refresh`, ``reference+graph``) and
+:class:`labkit.PrefixCache` compare the whole key; a PrefixCache also accepts another model object
+whose key has the same ``layout`` and ``fingerprint`` (:meth:`WeightsKey.same_values`: the same
+checkpoint loaded twice), since its snapshots depend on the values, not on where they live.
+Inference tensors (made under ``torch.inference_mode()``) have no version counter: their part of
+``places`` is the address alone (they cannot be edited in place outside inference mode), and the
+fingerprint covers edits inside it.
+
+Cost. The key is taken on every prefill, so it is paid on every time to first token. Walking the
+module tree costs ~0.2-0.3 ms of Python on Qwen3.5-0.8B, so the walk is memoized per model object:
+the memo keeps weak references to the modules and tensors it saw and, on each call, re-reads in a
+few C-level passes (``map`` over the memo's lists, no Python call per tensor) every module's names,
+that each entry is still the very object seen, and each tensor's address, version, shape and
+dtype; any difference, or a module or tensor that died, and the key is walked again. On the H200
+machine's host the memoized facts took 0.219 ms against the walk's 0.232 (data/bench/nvidia-h200/
+hit-host.json): the saving that counts is taking the key once per call (``generate`` hands the
+fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`).
+
+The fingerprint is read on every call (that is its point): one ``as_strided`` view per tensor (a
+C-level ``map``, no copy), one ``cat`` per device and dtype, one copy to the host per device. It
+is the one part that touches the device: on a GPU the host waits for it (a sync; the device is
+idle where the key is taken, before a prefill, so it waits for the copy alone). Its cost is Python and
+dispatch per tensor (~1 us for each view, and the cat of many small pieces), about what reading the
+other facts costs: it roughly doubles a memoized key. Measured on this project's shared 2-core CPU
+machine while other jobs ran (timeit, best of 5): with Qwen3.5-0.8B's 236 tensors (its 24 layers at
+tiny widths: the cost is per tensor, not per byte), a memoized key took 1.24 ms, of which the
+fingerprint 0.69 ms (a full walk: 3.6 ms); tiny-qwen3.5's 51 tensors, 0.28 ms of which 0.18. On
+the H200 machine's host, where the key without it took 0.22 ms, expect about twice that
+(tests/gpu/test_gpu_weights_key.py prints it). Tensors on the meta device hold no values and are
+not sampled.
 """
 
 from __future__ import annotations
 
 import operator
 import weakref
+from dataclasses import dataclass, replace
 from itertools import chain
 
 import torch
 from torch import nn
 
-__all__ = ["weights_key"]
+__all__ = ["SAMPLES", "WeightsKey", "weights_key"]
+
+SAMPLES = 8  # elements sampled per tensor for the fingerprint
 
 
-def _describe(module: nn.Module, out: list, modules: list | None = None) -> list:
-    """(name, storage, in-place version, shape) of every parameter and buffer under ``module``, with
-    the names of the submodules between them (a plain walk: module.named_parameters() is 4x slower).
-    ``modules`` collects the modules walked, in the walk's order (the memo's fast pass re-reads them)."""
-    if modules is not None:
-        modules.append(module)
-    for tensors in (module._parameters, module._buffers):
-        out.extend((name, t.data_ptr(), t._version, t.shape) for name, t in tensors.items() if t is not None)
+@dataclass(frozen=True)
+class WeightsKey:
+    """What a model's weights are (``layout``), where they live (``places``) and a sample of their
+    values (``fingerprint``); equal keys: nothing a plan, graph or snapshot depends on changed."""
+
+    layout: tuple
+    places: tuple
+    fingerprint: bytes
+
+    def same_values(self, other: "WeightsKey") -> bool:
+        """The same names, shapes, dtypes and sampled values: the same weights, wherever they live
+        (a checkpoint loaded twice), as far as the fingerprint can tell."""
+        return self.layout == other.layout and self.fingerprint == other.fingerprint
+
+
+def _walk(module: nn.Module, layout: list, tensors: list, modules: list) -> None:
+    """Every parameter and buffer under ``module`` into ``tensors``, with (name, shape, dtype) and the
+    names of the submodules between them into ``layout`` (a plain walk: module.named_parameters()
+    is 4x slower), and the modules walked into ``modules``, in the walk's order."""
+    modules.append(module)
+    for owned in (module._parameters, module._buffers):
+        for name, t in owned.items():
+            if t is not None:
+                layout.append((name, t.shape, t.dtype))
+                tensors.append(t)
     for name, child in module._modules.items():
         if child is not None:
-            out.append(name)
-            _describe(child, out, modules)
-    return out
+            layout.append(name)
+            _walk(child, layout, tensors, modules)
 
 
 _DICTS = operator.attrgetter("_parameters", "_buffers", "_modules")
@@ -57,60 +102,101 @@ def _ref(obj):
     return _NONE if obj is None else weakref.ref(obj)
 
 
-def _facts(tensors: list[torch.Tensor]) -> tuple:
-    """Storage addresses, version counters, shapes and dtypes: the per-tensor facts of the key (and
-    dtype, which a conversion changes along with the address anyway)."""
-    return (tuple(map(torch.Tensor.data_ptr, tensors)), tuple(map(_VERSION, tensors)),
-            tuple(map(_SHAPE, tensors)), tuple(map(_DTYPE, tensors)))
+def _sampling(t: torch.Tensor) -> tuple[tuple[int], tuple[int]]:
+    """``as_strided`` size and stride of ``SAMPLES`` elements evenly spaced over the storage span of
+    ``t`` (from its first element to its last: inside its storage whatever its strides)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    count = min(SAMPLES, span)
+    return (count,), (max(1, span // max(count, 1)),)
 
 
 class _Memo:
     """What one walk of a model saw, held weakly (a replaced weight is freed, not kept by the memo)."""
 
-    __slots__ = ("modules", "names", "entries", "tensors", "facts", "key")
+    __slots__ = ("modules", "names", "entries", "tensors", "versioned", "facts", "sizes", "strides", "groups", "key")
 
     def __init__(self, model: nn.Module) -> None:
+        layout: list = []
+        tensors: list[torch.Tensor] = []
         modules: list[nn.Module] = []
-        self.key = tuple(_describe(model, [], modules))
+        _walk(model, layout, tensors, modules)
         dicts = list(chain.from_iterable(map(_DICTS, modules)))
         entries = list(chain.from_iterable(map(dict.values, dicts)))
-        tensors = [t for t in entries if isinstance(t, torch.Tensor)]
         self.modules = [weakref.ref(m) for m in modules]
         self.names = tuple(chain.from_iterable(dicts))  # every dict's keys, in order
         self.entries = [_ref(e) for e in entries]
         self.tensors = [weakref.ref(t) for t in tensors]
-        self.facts = _facts(tensors)
+        # inference tensors have no version counter (reading it raises)
+        self.versioned = [not t.is_inference() for t in tensors]
+        self.facts = self._facts(tensors)
+        sampling = [_sampling(t) for t in tensors]
+        self.sizes, self.strides = [s for s, _ in sampling], [s for _, s in sampling]
+        # the fingerprint's groups: per device, per dtype, the tensors' indices (meta tensors hold no values)
+        groups: dict = {}
+        for i, t in enumerate(tensors):
+            if t.device.type != "meta" and t.numel():
+                groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(i)
+        self.groups = [list(by_dtype.values()) for by_dtype in groups.values()]
+        versions = iter(self.facts[1])
+        places = tuple((ptr, next(versions) if v else None) for ptr, v in zip(self.facts[0], self.versioned))
+        self.key = WeightsKey(tuple(layout), places, self.fingerprint(tensors))
 
-    def still_holds(self) -> bool:
-        """True if a walk now would give :attr:`key`: the same modules, entries (by identity) and names,
-        each tensor at the same storage, version, shape and dtype."""
+    def _facts(self, tensors: list[torch.Tensor]) -> tuple:
+        """Storage addresses, version counters (of the tensors that have one), shapes and dtypes."""
+        return (tuple(map(torch.Tensor.data_ptr, tensors)),
+                tuple(map(_VERSION, [t for t, v in zip(tensors, self.versioned) if v])),
+                tuple(map(_SHAPE, tensors)), tuple(map(_DTYPE, tensors)))
+
+    @torch.no_grad()
+    def fingerprint(self, tensors: list[torch.Tensor]) -> bytes:
+        """The bytes of every tensor's sampled elements: one view per tensor, a cat per device and
+        dtype, one copy to the host per device."""
+        if not self.groups:
+            return b""
+        samples = list(map(torch.as_strided, tensors, self.sizes, self.strides))
+        per_device = [torch.cat([torch.cat([samples[i] for i in idx]).view(torch.uint8) for idx in by_dtype])
+                      for by_dtype in self.groups]
+        return b"".join(p.cpu().numpy().tobytes() for p in per_device)
+
+    def current(self) -> WeightsKey | None:
+        """The key a walk now would give, if the memo still describes the model (the same modules,
+        entries (by identity) and names, each tensor at the same storage, version, shape and dtype),
+        with the fingerprint read now; None if the model's tree or tensors changed."""
         modules = list(map(operator.call, self.modules))
         if None in modules:  # a module died: the tree changed
-            return False
+            return None
         dicts = list(chain.from_iterable(map(_DICTS, modules)))
         if tuple(chain.from_iterable(dicts)) != self.names:
-            return False
+            return None
         entries = list(chain.from_iterable(map(dict.values, dicts)))
         if not all(map(operator.is_, entries, map(operator.call, self.entries))):
-            return False
+            return None
         # the entries are the very objects seen, so the weak references to the tensors are alive
-        return _facts(list(map(operator.call, self.tensors))) == self.facts
+        tensors = list(map(operator.call, self.tensors))
+        if self._facts(tensors) != self.facts:
+            return None
+        fingerprint = self.fingerprint(tensors)
+        if fingerprint != self.key.fingerprint:  # values edited where torch does not count (.data)
+            self.key = replace(self.key, fingerprint=fingerprint)
+        return self.key
 
 
 _MEMOS: "weakref.WeakKeyDictionary[nn.Module, _Memo]" = weakref.WeakKeyDictionary()
 
 
-def weights_key(model: nn.Module) -> tuple:
-    """What a plan depends on: the name, storage, in-place version and shape of every tensor of the model.
+def weights_key(model: nn.Module) -> WeightsKey:
+    """The :class:`WeightsKey` of ``model`` now: names, shapes and dtypes; storage and in-place
+    versions; a fingerprint of sampled values (see the module's docstring for what each catches).
 
-    Any change means a plan (and the graphs that captured it) may read stale weights: a replaced
-    tensor, a moved or converted model (new storage), a renamed or deleted parameter, an in-place
-    update. Metadata only, no device work. Memoized per model object (see the module's docstring):
-    a repeated call re-checks the facts in ~20 Python calls instead of walking the tree, and returns
-    the very same tuple while nothing changed. Writes through ``.data`` bypass the version counter
-    and are not seen (a ``.data`` assignment of new storage is: its address differs).
+    Any change means a plan (and the graphs that captured it) or a prefix snapshot may be stale: a
+    replaced tensor, a moved or converted model, a renamed, reshaped or deleted parameter, an
+    in-place update (counted by torch, or through ``.data`` where it moves the sampled elements).
+    Memoized per model object: a repeated call re-checks the facts in a few C-level passes instead
+    of walking the tree, and returns the very same key object while nothing changed.
     """
     memo = _MEMOS.get(model)
-    if memo is None or not memo.still_holds():
+    key = None if memo is None else memo.current()
+    if key is None:
         memo = _MEMOS[model] = _Memo(model)
-    return memo.key
+        key = memo.key
+    return key

@@ -90,11 +90,11 @@ class RecordingGraphs:
 
 @pytest.fixture
 def graphs(monkeypatch):
-    """labkit.decode.fused.GRAPHS replaced by the recording stand-in, for this test."""
-    from labkit.decode import fused
+    """labkit.decode.graphs.GRAPHS replaced by the recording stand-in, for this test."""
+    from labkit.decode import graphs
 
     stand_in = RecordingGraphs()
-    monkeypatch.setattr(fused, "GRAPHS", stand_in)
+    monkeypatch.setattr(graphs, "GRAPHS", stand_in)
     return stand_in
 
 

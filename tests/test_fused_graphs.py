@@ -1,7 +1,7 @@
 """The graph backends' own code paths, on a CPU: capture, replay, reuse across generate calls, and
 recapture when the weights change.
 
-CUDA graphs need a GPU, so ``labkit.decode.fused.GRAPHS`` (the one seam) is replaced by a stand-in whose
+CUDA graphs need a GPU, so ``labkit.decode.graphs.GRAPHS`` (the one seam) is replaced by a stand-in whose
 capture records the step without running it and whose replay re-runs it. Like a real graph, a
 recording binds the plan it was made with: replaying it after a parameter was replaced would read
 the old tensor, so a missing recapture shows up as wrong tokens. Without the stand-in the graph
@@ -14,7 +14,7 @@ from torch import nn
 
 import labkit
 from conftest import random_prompt, rel_err
-from labkit.decode import fused
+from labkit.decode import fused_prefill
 from labkit.decode.registry import make_decoder, release_pooled
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in replaces real CUDA graphs")
@@ -135,7 +135,7 @@ def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
     out = labkit.generate(model, prompt, 3, backend="fused+graph")  # a new pooled entry, in float32
     assert torch.equal(out.tokens, labkit.generate(model, prompt, 3).tokens)
     pool = model.attachments["labkit.decoder_pool"]
-    assert [key[-1] for key in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
+    assert [key[-1] for key, _ in pool] == [(torch.device("cpu"), torch.float32)]  # the bf16 one is gone
 
 
 def test_prefill_graphs_per_length_match_the_eager_prefill(graphs):
@@ -162,3 +162,24 @@ def test_prefill_graphs_per_length_match_the_eager_prefill(graphs):
     more = random_prompt(model, 2, 2, seed=9)
     eager_more, graph_more = eager.prefill(more), graph.prefill(more)  # continues: eager, no capture
     assert graphs.captures == captures and rel_err(graph_more, eager_more) < 1e-6
+
+
+def test_a_refresh_drops_the_captured_continuations(graphs):
+    """A captured continuation (the tail after a restored prefix, FusedPrefill.prefill_continuation)
+    binds the weights of its capture, as a real CUDA graph binds their tensors: after the weights
+    change, the same (restored length, tail) shape is captured again, not replayed."""
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=2)
+    decoder = make_decoder("fused+graph", model, model.new_cache(1, 32))
+    prompt = random_prompt(model, 1, 11)
+    prefix = labkit.PrefixCache(model, 4, budget_bytes=10**8)
+    prefix.prefill(decoder, prompt)  # a miss: stores the snapshots
+    assert prefix.prefill(decoder, prompt).restored == 8  # a hit: the 3-token tail is captured
+    captured = graphs.captures
+    prefix.prefill(decoder, prompt)
+    assert graphs.captures == captured  # and replayed
+    _modify_by_replacing(model)
+    prefix = labkit.PrefixCache(model, 4, budget_bytes=10**8)  # the old snapshots describe the old weights
+    prefix.prefill(decoder, prompt)  # a miss: the decoder refreshes, its two step graphs recaptured
+    got = prefix.prefill(decoder, prompt)
+    assert graphs.captures == captured + 3  # the continuation of the same shape, captured anew
+    assert rel_err(got.logits, model(prompt)[:, -1]) < 1e-5

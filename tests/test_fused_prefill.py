@@ -1,6 +1,6 @@
 """The fused backends' prefill against the reference model, on the tiny presets.
 
-The fused prefill is the model's own forward with two inner cores swapped (labkit.decode.fused.prefill_cores):
+The fused prefill is the model's own forward with two inner cores swapped (labkit.decode.fused_prefill.prefill_cores):
 the chunked Triton delta rule, which updates the cache's recurrent state in place, and SDPA's causal
 form of attention for prompts that start the sequences. Compared here: the logits (every position
 and the last), and the cache it leaves (conv windows, recurrent states, keys and values), on

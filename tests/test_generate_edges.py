@@ -6,6 +6,7 @@ import torch
 
 import labkit
 from labkit.decode import registry as backends
+from labkit.decode.reference import ReferenceDecoder
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_tokens_per_second_counts_every_sequence(model, prompt):
     assert out.decode_tokens_per_s == pytest.approx(2 * 2 / out.decode_s)
 
 
-class _CountingDecoder(backends.ReferenceDecoder):
+class _CountingDecoder(ReferenceDecoder):
     """The reference decoder with a greedy step that records its use."""
 
     def __init__(self, model, cache):

@@ -15,7 +15,7 @@ import torch
 
 import labkit
 from conftest import RecordingGraphs, rel_err
-from labkit.decode import fused
+from labkit.decode import graphs as graph_seam
 from labkit.lab import workloads
 from labkit.decode.registry import make_decoder
 from labkit.cache import bytes_by_kind
@@ -79,10 +79,10 @@ def test_the_chunk_kernel_writes_the_snapshots_where_the_block_allows(block, mon
 @pytest.mark.parametrize("preset", ["tiny-lfm2", "tiny-qwen3.5"])
 def test_a_short_tail_replays_a_captured_continuation(preset, monkeypatch):
     """On a CPU through the stand-in (its captures counted); on a GPU through real CUDA graphs."""
-    graphs = fused.GRAPHS
+    graphs = graph_seam.GRAPHS
     if DEVICE == "cpu":
         graphs = RecordingGraphs()
-        monkeypatch.setattr(fused, "GRAPHS", graphs)
+        monkeypatch.setattr(graph_seam, "GRAPHS", graphs)
     model = labkit.build(preset, dtype=torch.float32, device=DEVICE, seed=2)
     prefix = labkit.PrefixCache(model, 8, budget_bytes=10**8)
     shared = _ids(model.cfg.vocab_size, 16, seed=1)

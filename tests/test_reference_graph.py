@@ -1,5 +1,5 @@
 """The "reference+graph" rung (labkit.decode.reference_graph): the reference decode step captured in a CUDA
-graph. On a CPU, labkit.decode.fused.GRAPHS is replaced by the recording stand-in of conftest
+graph. On a CPU, labkit.decode.graphs.GRAPHS is replaced by the recording stand-in of conftest
 (capture records the step without running it, replay re-runs it), so capture and replay run here."""
 
 import pytest
@@ -8,7 +8,6 @@ import torch
 import labkit
 from conftest import random_prompt, rel_err
 from labkit.decode.registry import make_decoder
-import labkit.decode.reference_graph  # noqa: F401  (registers the backend)
 
 
 @pytest.mark.parametrize("preset,batch", [("tiny-lfm2", 3), ("tiny-qwen3.5", 1)])

@@ -14,6 +14,7 @@ import labkit
 from labkit import tuning
 from labkit.bench import tune
 from labkit.ops import linear as linear_mod
+from labkit.decode.fused import FusedDecoder
 from labkit.ops.linear import LinearConfig, TuningKey, tuning_key
 
 H200_FILE = tuning.TUNING_DIR / "nvidia-h200.json"
@@ -139,7 +140,7 @@ def test_the_fused_backend_launches_the_tables_configs(monkeypatch):
     down = LinearConfig(1, 2, 32, split_k=5, num_warps=2, num_stages=1)
     table = {tuning_key(1, H, I): down}
     monkeypatch.setattr(tuning, "device_table", lambda device=None, directory=None: table)
-    decoder = labkit.decode.fused.FusedDecoder(model, model.new_cache(1, 8))
+    decoder = FusedDecoder(model, model.new_cache(1, 8))
     assert all(layer.mlp.down.config is down for layer in decoder.plan.layers)
     assert decoder.plan.layers[0].mlp.gate_up.config == linear_mod.linear_config(1, I, H, row_blocks=2)
 

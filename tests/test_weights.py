@@ -1,10 +1,10 @@
-"""labkit.weights.weights_key: memoized per model, and still changes whenever the weights do."""
+"""labkit.weights.weights_key: memoized per model, and still changes whenever the weights do, including
+edits through ``.data`` that torch's version counter does not see."""
 
 import torch
 
 import labkit
-from labkit.decode import fused
-from labkit.weights import _MEMOS, _describe, weights_key
+from labkit.weights import _MEMOS, _Memo, weights_key
 
 
 def _model():
@@ -12,13 +12,14 @@ def _model():
 
 
 def _walked(model):
-    return tuple(_describe(model, []))
+    """The key a fresh walk gives (no memo)."""
+    return _Memo(model).key
 
 
 def test_the_same_model_gives_the_same_key_object_without_a_walk():
     model = _model()
     first = weights_key(model)
-    assert first == _walked(model) and fused.weights_key is weights_key  # the old import still works
+    assert first == _walked(model)
     assert weights_key(model) is first and model in _MEMOS
 
 
@@ -67,3 +68,45 @@ def test_the_memo_does_not_keep_a_model_alive():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_an_edit_through_data_changes_the_key():
+    """``p.data`` has its own version counter: ``p.data.mul_(3)`` leaves storage and version as they
+    were; the fingerprint of sampled values moves."""
+    model = _model()
+    before = weights_key(model)
+    p = next(model.parameters())
+    p.data.mul_(3)
+    after = weights_key(model)
+    assert after.places == before.places  # what torch counts did not move
+    assert after != before and after == _walked(model)
+    assert weights_key(model) is after  # and it is memoized again
+
+
+def test_a_reshaped_data_changes_the_key():
+    """``p.data = p.data.reshape(...)``: the same storage, version and sampled values, another shape."""
+    model = _model()
+    before = weights_key(model)
+    p = next(model.parameters())
+    p.data = p.data.reshape(-1)
+    after = weights_key(model)
+    assert after != before and after == _walked(model)
+    assert after.fingerprint == before.fingerprint  # only the shape tells
+
+
+def test_the_same_weights_in_another_model_have_the_same_values_not_the_same_key():
+    a, b = _model(), _model()  # the same seed: equal values, other storage
+    assert weights_key(a) != weights_key(b) and weights_key(a).same_values(weights_key(b))
+    c = labkit.build("tiny-qwen3.5", dtype=torch.float32, device="cpu", seed=1)
+    assert not weights_key(a).same_values(weights_key(c))
+
+
+def test_a_model_made_under_inference_mode_has_a_key():
+    """Inference tensors have no version counter (reading it raises): their key is address and values."""
+    with torch.inference_mode():
+        model = _model()
+        key = weights_key(model)
+    assert weights_key(model) is key
+    with torch.inference_mode():
+        next(model.parameters()).mul_(3)  # in place, inside inference mode: no counter anywhere
+    assert weights_key(model) != key and weights_key(model) == _walked(model)

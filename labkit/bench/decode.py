@@ -51,7 +51,7 @@ def labkit_runner(model: HybridLM, backend: str, batch: int, max_len: int) -> Ru
     cache = model.new_cache(batch, max_len)
     decoder = make_decoder(backend, model, cache)
     # backends that can pick the next token without writing logits (the fused ones) do so here
-    return Runner(cache.reset, decoder.prefill, decoder.step, getattr(decoder, "step_greedy", None))
+    return Runner(cache.reset, decoder.prefill, decoder.step, decoder.step_greedy)
 
 
 def transformers_runner(model: HybridLM, compiled: bool = False) -> Runner:

@@ -15,8 +15,9 @@ result is the same function, at the cost of reading the unused part of the KV ca
 the device, which the captured step advances, as the fused graph backends do.
 
 Prefill is the reference's own, eager. Graphs are captured at the first step after a prefill and
-recaptured if the model's tensors changed (``labkit.decode.fused.weights_key``). Capture goes through
-``labkit.decode.fused.GRAPHS``, the seam the CPU tests replace with a recording stand-in.
+recaptured if the model's tensors changed (:func:`labkit.weights.weights_key`). Capture goes through
+:func:`labkit.decode.graphs.capture`, whose ``GRAPHS`` is the seam the CPU tests replace with a recording
+stand-in.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from typing import Any
 
 import torch
 
-from . import fused
-from .registry import register
+from . import graphs
+from .protocol import Decoder
 from ..cache import HybridCache
 from ..model import HybridLM
+from ..weights import WeightsKey, weights_key
 
 
 class WholeCacheView:
@@ -57,28 +59,28 @@ class WholeCacheView:
         self._cache.lengths.add_(num_tokens)
 
 
-class ReferenceGraphDecoder:
+class ReferenceGraphDecoder(Decoder):
     """The reference decode step replayed from a CUDA graph (one per output: logits, greedy tokens)."""
 
     def __init__(self, model: HybridLM, cache: HybridCache) -> None:
-        if not fused.GRAPHS.available(model.device):
+        if not graphs.GRAPHS.available(model.device):
             raise RuntimeError(
                 f"backend 'reference+graph' captures the reference decode step in a CUDA graph, which needs a "
                 f"CUDA GPU; the model is on {model.device}. Use backend='reference' to run the same ops eagerly"
             )
         if cache.cfg != model.cfg or cache.device != model.device or cache.dtype != model.dtype:
             raise ValueError("the cache was made for another model, device or dtype")
-        self.model, self.cache = model, cache
+        super().__init__(model, cache)
         self.tokens = torch.zeros(cache.batch_size, dtype=torch.long, device=model.device)
         self._graphs: dict[bool, Any] = {}
         self._outputs: dict[bool, torch.Tensor] = {}
-        self._weights: tuple | None = None
+        self._weights: WeightsKey | None = None
         self.captures = 0
 
     def refresh(self) -> None:
         """Forget the graphs if the model's tensors changed since they were captured (they would read
         stale tensors). Called by every prefill, never per token: the check costs ~0.3 ms."""
-        key = fused.weights_key(self.model)
+        key = weights_key(self.model)
         if key != self._weights:
             self._graphs, self._outputs, self._weights = {}, {}, key
 
@@ -97,12 +99,8 @@ class ReferenceGraphDecoder:
             logits = self.model(self.tokens[:, None], cache=view)[:, -1]
             self._outputs[greedy] = logits.argmax(-1) if greedy else logits
 
-        states = [*cache.conv_states.values(), *cache.recurrent_states.values(), cache.lengths]
-        saved = [s.clone() for s in states]
-        fused.GRAPHS.warm_up(step, device)
-        for s, copy in zip(states, saved):
-            s.copy_(copy)
-        return fused.GRAPHS.capture(step, device)
+        return graphs.capture(step, [*cache.conv_states.values(), *cache.recurrent_states.values(), cache.lengths],
+                              device)
 
     def _run(self, tokens: torch.Tensor, greedy: bool) -> torch.Tensor:
         B = self.cache.batch_size
@@ -131,5 +129,3 @@ class ReferenceGraphDecoder:
         """The argmax tokens [B] after ``tokens`` [B]; overwritten by the next step."""
         return self._run(tokens, greedy=True)
 
-
-register("reference+graph", ReferenceGraphDecoder)

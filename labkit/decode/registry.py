@@ -1,64 +1,63 @@
-"""The implementation ladder: named ways of running one model's prefill and decode steps.
+"""The ladder's names: every rung known up front, made on demand, and the decoder pool of ``generate``.
 
-Every backend computes the same function as ``"reference"`` (the plain-torch model); the
-notebooks climb from it one optimisation at a time. A backend is a factory
-``(model, cache) -> Decoder``; a Decoder turns a prompt into last-token logits (``prefill``) and
-one token per sequence into the next logits (``step``), advancing the cache.
+Every rung computes the same function as ``"reference"`` (the plain-torch model); the notebooks
+climb from it one optimisation at a time. A rung is a factory ``(model, cache) -> Decoder``
+(:class:`labkit.decode.protocol.Decoder`). The built-in rungs are a table of (module, factory,
+options, pooled), so ``BACKENDS`` names all of them without importing any: a rung's module is
+imported the first time one of its decoders is made. :func:`register` adds a user's rung.
 
-``generate`` without a cache asks :func:`pooled_decoder`, which keeps the decoders of backends
-registered with ``pooled=True`` (and their caches) on the model for later calls.
+``generate`` without a cache asks :func:`leased_decoder`, which keeps the decoders of rungs
+registered with ``pooled=True`` (and their caches) on the model for later calls, and lends each
+to one caller at a time.
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections import OrderedDict
-from typing import Callable, Protocol
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
-import torch
-
+from .protocol import Decoder, checked_decoder
 from ..cache import HybridCache
 from ..model import HybridLM
-from ..ops.mixers import REFERENCE_CORES, MixerCores
 
 
-class Decoder(Protocol):
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, vocab]
-        ...
+@dataclass(frozen=True)
+class Rung:
+    """A built-in rung: ``module.factory(model, cache, **options)``, the module imported when first made."""
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B, vocab]
-        ...
+    module: str
+    factory: str
+    options: tuple[tuple[str, object], ...] = ()
 
-
-class ReferenceDecoder:
-    """The plain-PyTorch model, one eager launch per op."""
-
-    def __init__(self, model: HybridLM, cache: HybridCache) -> None:
-        self.model, self.cache = model, cache
-
-    checkpoint_multiple = None  # its delta rule takes no state checkpoints (PrefixCache cuts it at boundaries)
-
-    def prefill_cores(self) -> MixerCores:
-        """The mixer cores its prefill runs (the references); PrefixCache wraps them to read states."""
-        return REFERENCE_CORES
-
-    @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, cache=self.cache, last_only=True, cores=self.prefill_cores())[:, -1]
-
-    @torch.no_grad()
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens[:, None], cache=self.cache)[:, -1]
+    def __call__(self, model: HybridLM, cache: HybridCache) -> Decoder:
+        return getattr(importlib.import_module(self.module), self.factory)(model, cache, **dict(self.options))
 
 
-BACKENDS: dict[str, Callable[[HybridLM, HybridCache], Decoder]] = {"reference": ReferenceDecoder}
-POOLED: set[str] = set()  # backends whose (decoder, cache) generate keeps on the model for reuse
-POOL_SIZE = 4  # pooled (backend, batch, cache length) entries per model, least recently used dropped
-_POOL = "labkit.decoder_pool"  # key in model.attachments
+_FUSED = "labkit.decode.fused"
+# name: (rung, pooled: its decoders are worth keeping between generate calls)
+_LADDER: dict[str, tuple[Rung, bool]] = {
+    "reference": (Rung("labkit.decode.reference", "ReferenceDecoder"), False),
+    "reference+graph": (Rung("labkit.decode.reference_graph", "ReferenceGraphDecoder"), False),
+    "fused": (Rung(_FUSED, "fused_decoder"), True),
+    "fused+graph": (Rung(_FUSED, "fused_decoder", (("graph", True),)), True),
+    "fused+graph+pdl": (Rung(_FUSED, "fused_decoder", (("graph", True), ("pdl", True))), True),
+}
+
+BACKENDS: dict[str, Callable[[HybridLM, HybridCache], Decoder]] = {name: r for name, (r, _) in _LADDER.items()}
+POOLED: set[str] = {name for name, (_, pooled) in _LADDER.items() if pooled}  # kept on the model for reuse
+POOL_SIZE = 4  # free pooled (backend, batch, cache length) entries per model, least recently used dropped
+_POOL = "labkit.decoder_pool"  # key in model.attachments: the free entries
+_POOL_LOCK = threading.Lock()  # guards every model's pool (taking and giving back are a few dict operations)
 
 
 def register(name: str, factory: Callable[[HybridLM, HybridCache], Decoder], *, pooled: bool = False) -> None:
-    """Add a backend. ``pooled``: its decoders are worth keeping between ``generate`` calls (they
-    compile, capture graphs or allocate workspaces when made) and reuse a cache that is reset."""
+    """Add a rung. ``factory(model, cache)`` returns a :class:`~labkit.decode.protocol.Decoder`.
+    ``pooled``: its decoders are worth keeping between ``generate`` calls (they compile, capture
+    graphs or allocate workspaces when made) and reuse a cache that is reset."""
     BACKENDS[name] = factory
     (POOLED.add if pooled else POOLED.discard)(name)
 
@@ -70,7 +69,8 @@ def _factory(backend: str) -> Callable[[HybridLM, HybridCache], Decoder]:
 
 
 def make_decoder(backend: str, model: HybridLM, cache: HybridCache) -> Decoder:
-    return _factory(backend)(model, cache)
+    """A decoder of rung ``backend`` for ``model`` over ``cache`` (a TypeError if it breaks the contract)."""
+    return checked_decoder(_factory(backend)(model, cache), backend)
 
 
 def pooled_cache_len(min_len: int) -> int:
@@ -86,39 +86,78 @@ def pooled_cache_len(min_len: int) -> int:
     return max(256, 1 << (max(min_len, 1) - 1).bit_length())
 
 
-def pooled_decoder(backend: str, model: HybridLM, batch: int, min_len: int, *,
-                   zero: bool = True) -> tuple[Decoder, HybridCache]:
-    """A decoder and an empty cache of at least ``min_len`` tokens, as ``generate`` uses when given no cache.
+_SERIAL = iter(range(1 << 62))  # tells apart two entries of one shape (next() on it is atomic under the GIL)
 
-    For a pooled backend both are kept on the model (``model.attachments``, up to POOL_SIZE entries)
-    and reused by later calls with the same batch and cache bucket: the cache is reset in place, so
-    a decoder's captured graphs replay as they are (they are recaptured if the model's weights
-    changed). Entries made before the model moved to another device or dtype are dropped. Other
-    backends get a fresh cache of exactly ``min_len``. ``release_pooled(model)`` frees them all.
+
+def _take(model: HybridLM, key: tuple) -> tuple[tuple, HybridCache] | None:
+    """A free pooled entry ``((key, serial), cache)`` for ``key``, now out of the pool (so no other
+    caller gets it), or None. The pool maps (key, serial) to the cache; its decoder lives in the
+    cache's attachments."""
+    with _POOL_LOCK:
+        pool: OrderedDict = model.attachments.setdefault(_POOL, OrderedDict())
+        for stale in [k for k in pool if k[0][-1] != key[-1]]:
+            del pool[stale]  # made before the model moved to another device or dtype
+        for k in reversed(pool):  # the most recently used first
+            if k[0] == key:
+                return k, pool.pop(k)
+    return None
+
+
+def _give_back(model: HybridLM, entry: tuple, cache: HybridCache) -> None:
+    with _POOL_LOCK:
+        if entry[0][-1] != (model.device, model.dtype):
+            return  # the model moved while the entry was out
+        pool: OrderedDict = model.attachments.setdefault(_POOL, OrderedDict())
+        pool[entry] = cache  # most recently used last
+        while len(pool) > POOL_SIZE:
+            pool.popitem(last=False)
+
+
+@contextmanager
+def leased_decoder(backend: str, model: HybridLM, batch: int, min_len: int, *,
+                   zero: bool = True) -> Iterator[tuple[Decoder, HybridCache]]:
+    """A decoder and an empty cache of at least ``min_len`` tokens, this caller's alone until the
+    ``with`` block ends: what ``generate`` uses when given no cache.
+
+    For a pooled backend both are kept on the model (``model.attachments``, up to POOL_SIZE free
+    entries) and reused by later calls with the same batch and cache bucket: the cache is reset in
+    place, so a decoder's captured graphs replay as they are (they are recaptured if the model's
+    weights changed). An entry is out of the pool while it is lent: a concurrent caller (another
+    thread) with the same shape gets an entry of its own, made fresh, and both go back to the pool
+    after. Entries made before the model moved to another device or dtype are dropped. Other
+    backends get a fresh cache of exactly ``min_len``. ``release_pooled(model)`` frees the free ones.
     ``zero=False`` resets a reused cache's lengths only (``HybridCache.reset(zero=False)``), for a
     caller that resets it again before use, as :meth:`labkit.PrefixCache.prefill` does.
     """
     factory = _factory(backend)
     if backend not in POOLED:
         cache = model.new_cache(batch, min_len)
-        return factory(model, cache), cache
-    pool: OrderedDict = model.attachments.setdefault(_POOL, OrderedDict())
-    place = (model.device, model.dtype)
-    for stale in [k for k in pool if k[-1] != place]:
-        del pool[stale]
-    key = (backend, batch, pooled_cache_len(min_len), place)
-    cache = pool.pop(key, None)
-    if cache is None:
-        cache = model.new_cache(batch, key[2])
+        yield checked_decoder(factory(model, cache), backend), cache
+        return
+    key = (backend, batch, pooled_cache_len(min_len), (model.device, model.dtype))
+    taken = _take(model, key)
+    if taken is None:
+        entry, cache = (key, next(_SERIAL)), model.new_cache(batch, key[2])
     else:
+        (entry, cache) = taken
         cache.reset(zero=zero)
-    decoder = factory(model, cache)
-    pool[key] = cache  # most recently used last
-    while len(pool) > POOL_SIZE:
-        pool.popitem(last=False)
-    return decoder, cache
+    decoder = checked_decoder(factory(model, cache), backend)  # if this fails, the entry is dropped
+    try:
+        yield decoder, cache
+    finally:
+        _give_back(model, entry, cache)
+
+
+def pooled_decoder(backend: str, model: HybridLM, batch: int, min_len: int, *,
+                   zero: bool = True) -> tuple[Decoder, HybridCache]:
+    """:func:`leased_decoder`'s decoder and cache, given back to the pool at once: for a caller that
+    runs alone (a benchmark). Concurrent callers use :func:`leased_decoder`, which lends the pair to
+    one of them at a time."""
+    with leased_decoder(backend, model, batch, min_len, zero=zero) as got:
+        return got
 
 
 def release_pooled(model: HybridLM) -> None:
-    """Free the caches, decoders and graphs that ``generate`` keeps for ``model``."""
-    model.attachments.pop(_POOL, None)
+    """Free the caches, decoders and graphs that ``generate`` keeps for ``model`` (those not lent now)."""
+    with _POOL_LOCK:
+        model.attachments.pop(_POOL, None)

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decode import reference_graph  # noqa: F401  (registers the "reference+graph" backend)
 from ..decode.registry import make_decoder
 from ..config import ModelConfig
 from ..model import HybridLM, build
@@ -166,7 +165,7 @@ def time_steps(model: HybridLM, backend: str, batch: int, context: int, steps: i
     """Median ms per greedy step of ``backend`` (steps issued back to back, as in profile_decode)."""
     decoder = make_decoder(backend, model, model.new_cache(batch, context + (repeats + 2) * steps + 1))
     ids = torch.randint(0, model.cfg.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
-    greedy = getattr(decoder, "step_greedy", None) or (lambda t: decoder.step(t).argmax(-1))
+    greedy = decoder.step_greedy
     last = {"token": decoder.prefill(ids.to(model.device)).argmax(-1)}
 
     def run() -> None:

@@ -579,12 +579,13 @@ def prefill_block_v(head_v: int) -> int:
 
 
 def _checked_block_v(name: str, block_v: int | None, default: int, head_v: int) -> int:
-    """``block_v`` as given (a power of two >= 16), or ``default`` capped at the head's width."""
+    """``block_v`` as given (a power of two >= 16), or ``default``, capped at the head's width (a
+    tuned value made for wide heads stays valid for narrow ones: no program of masked columns only)."""
     if block_v is None:
-        return min(default, max(16, next_pow2(head_v)))
-    if not isinstance(block_v, int) or isinstance(block_v, bool) or block_v < 16 or block_v & (block_v - 1):
+        block_v = default
+    elif not isinstance(block_v, int) or isinstance(block_v, bool) or block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"{name} must be a power of two >= 16, got {block_v!r}")
-    return block_v
+    return min(block_v, max(16, next_pow2(head_v)))
 
 
 def _check_warps(**warps: int) -> None:

@@ -6,7 +6,6 @@ re-runs the Python step on every replay)."""
 import pytest
 import torch
 
-import labkit.decode.reference_graph  # noqa: F401  (registers the backend)
 from labkit.decode.registry import make_decoder
 
 from .conftest import REAL_PRESETS

@@ -1,0 +1,230 @@
+"""The fused prefill: the model's own forward with faster cores, and its CUDA graphs.
+
+Prefill runs the model's own forward (projections through cuBLAS, the structure of every mixer
+from ``labkit.ops.mixers``) with its inner cores swapped for faster implementations of the same
+functions (:func:`prefill_cores`): the chunked Triton delta rule, which reads the cache's recurrent
+state and writes the final one back in place; SDPA's causal form of attention for prompts that
+start every sequence, and its bottom-right causal form over the keys in use for prompts that
+continue a cache (every row at one length); and one Triton kernel for each element-wise chain
+between the GEMMs (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm
+and its gated output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE). It
+fills the same cache the fused step reads.
+
+Under ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt
+length (the last ``graphs`` lengths kept), once a length comes back (``capture_at``; both from
+``tuning.settings("fused_prefill")``): it pays an eager warm-up and the capture once, later prompts of that
+length replay it, without the host's launch overhead. A prompt that continues cached sequences
+(a prompt's tail after a restored prefix, :meth:`FusedPrefill.prefill_continuation`) is captured
+per (cached length, tail length) and replayed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Mapping
+
+import torch
+
+from . import graphs
+from .. import tuning
+from ..cache import HybridCache
+from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing, attend_ref
+
+
+
+def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpoint_every: int | None = None,
+                       checkpoints: list[torch.Tensor] | None = None,
+                       settings: Mapping[str, Any] | None = None) -> DeltaRule:
+    """``kernel`` (:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) behind the reference delta
+    rule's signature: q, k, v enter in the model's ``dtype`` (the reference hands them over in
+    float32; bf16 operands are what the kernel's tensor-core products take) and the state is
+    updated in place and returned, so the cache's recurrent state is read and written once.
+
+    With ``checkpoint_every`` (a multiple of the kernel's 64-token chunk), each call also appends to
+    ``checkpoints`` the states after every ``checkpoint_every`` of its tokens, [B, n, Hv, K, V]
+    float32 (n = T // checkpoint_every), written by the same walk (no second pass).
+
+    ``settings``: the kernel's launch settings (``tuning.settings("chunk_delta_rule", device)``);
+    None leaves the kernel's own defaults."""
+    settings = dict(settings or {})
+
+    def delta_rule(q, k, v, g, beta, state=None):
+        q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+        extra = {}
+        if checkpoint_every is not None:
+            B, T = q.shape[:2]
+            shape = (B * (T // checkpoint_every), v.shape[2], q.shape[3], v.shape[3])
+            buf = torch.empty(shape, dtype=torch.float32, device=q.device)
+            extra = dict(checkpoints=buf, checkpoint_every=checkpoint_every)
+            checkpoints.append(buf.view(B, T // checkpoint_every, *shape[1:]))
+        return kernel(q, k, v, g.contiguous(), beta.contiguous(), state, final_state=state, **extra, **settings)
+
+    return delta_rule
+
+
+def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None) -> MixerCores:
+    """The cores of the fused prefill into ``cache``, as it stands now (build them right before the
+    prefill they serve). Attention takes SDPA's causal form (flash on a GPU) when every sequence
+    starts at position 0, so that the new tokens are all the keys; when every sequence continues the
+    same number of cached tokens (a prompt's tail after a restored prefix), the bottom-right causal
+    form over the keys in use (:func:`labkit.ops.mixers.attend_continuing`); otherwise the explicit
+    mask over the whole buffer (:func:`labkit.ops.mixers.attend_ref`). All three compute the same
+    function: this picks a form, not an approximation. With
+    ``fusions`` (:mod:`labkit.ops.prefill_fusions`), the element-wise chains between the GEMMs
+    (norms, the convs, the GDN gates and output norm, SwiGLU, q/k norm + RoPE) are one kernel each."""
+    lengths = set(cache.host_lengths)
+    if lengths == {0}:
+        attend = attend_causal
+    elif len(lengths) == 1:
+        attend = partial(attend_continuing, start=lengths.pop())
+    else:
+        attend = attend_ref
+    if fusions is None:
+        return MixerCores(delta_rule=delta_rule, attend=attend)
+    return MixerCores(delta_rule=delta_rule, attend=attend, gdn_inputs=fusions.gdn_inputs,
+                      gated_norm=fusions.gated_rms_norm_rows, short_conv=fusions.short_conv_prefill,
+                      rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows, 
+                      norm_rope=partial(fusions.norm_rope_rows, **tuning.settings("norm_rope", cache.device)))
+
+
+
+@dataclass
+class PrefillGraph:
+    """The captured prefill of one prompt length: replay after copying the prompt into ``ids``; the
+    last-token logits are then ``out["logits"]``."""
+
+    graph: Any
+    ids: torch.Tensor
+    out: dict
+
+
+class FusedPrefill:
+    """The prefill half of :class:`labkit.decode.fused.FusedDecoder`: the cores it lends, the eager
+    fused prefill, and its captured prefills. Uses the decoder's ``model``, ``cache``, ``graph``,
+    ``refresh`` (which calls :meth:`_forget_prefills` when it rebuilds) and its loaded ops
+    (``_chunk``, ``_fusions``)."""
+
+    CONTINUATIONS = 8  # captured continuation prefills kept per decoder (least recently used dropped)
+
+    def _init_prefills(self, graph: bool) -> None:
+        self._continuations: dict[tuple, PrefillGraph] = {}  # (lengths, shape) -> its captured prefill
+        # fused+graph: the prefill of a fresh cache is captured per prompt length too (PrefillGraph)
+        self.graph_prefill = graph
+        self.prefill_policy = tuning.settings("fused_prefill", self.model.device)  # capture_at, graphs
+        # the chunk kernel's launch settings from the GPU's file; in the interpreter its own defaults
+        # (whole heads per program: fewer programs to run one after another)
+        self.chunk_settings = (tuning.settings("chunk_delta_rule", self.model.device)
+                               if self.model.device.type == "cuda" else None)
+        self._prefill_graphs: OrderedDict[int, PrefillGraph] = OrderedDict()
+        self._prefill_seen: OrderedDict[int, int] = OrderedDict()  # how often each length came (the last 64)
+        self.prefill_captures = 0
+        self.last_prefill_capture_s: float | None = None  # warm-up + capture of the latest new length
+
+    def _forget_prefills(self) -> None:
+        """Drop every captured prefill: they bind the plan's weights, which a refresh replaces."""
+        self._continuations = {}
+        self._prefill_graphs.clear()
+
+    def prefill_cores(self, checkpoint_every: int | None = None,
+                      checkpoints: list[torch.Tensor] | None = None) -> MixerCores:
+        """The mixer cores of the next prefill into this decoder's cache (after :meth:`refresh`):
+        the chunk kernel and the fused element-wise kernels; with ``checkpoint_every``, the delta
+        rule also appends its state checkpoints to ``checkpoints`` (see :func:`chunked_delta_rule`):
+        what :class:`labkit.PrefixCache` snapshots."""
+        self.refresh()
+        rule = chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype, checkpoint_every, checkpoints,
+                                  self.chunk_settings)
+        return prefill_cores(rule, self.cache, self._fusions)
+
+    @torch.no_grad()
+    def forward_prefill(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """The model's logits [B, T, vocab] ([B, 1, vocab] with ``last_only``) for the prompt
+        ``input_ids`` [B, T], through the fused prefill, eagerly; the cache advances by T (checked
+        for room before anything is written)."""
+        return self.model(input_ids, cache=self.cache, last_only=last_only, cores=self.prefill_cores())
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]. Under fused+graph, a
+        prompt into a fresh cache replays the graph of its length, captured when the length comes
+        for the ``prefill_policy["capture_at"]``-th time (eager before)."""
+        cache = self.cache
+        if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
+            return self.forward_prefill(input_ids, last_only=True)[:, -1]
+        self.refresh()
+        self.model._check_input(input_ids, cache)
+        T = input_ids.shape[1]
+        self._prefill_seen[T] = self._prefill_seen.pop(T, 0) + 1
+        while len(self._prefill_seen) > 64:
+            self._prefill_seen.popitem(last=False)
+        entry = self._prefill_graphs.get(T)
+        if entry is None and self._prefill_seen[T] < self.prefill_policy["capture_at"]:
+            return self.forward_prefill(input_ids, last_only=True)[:, -1]
+        if entry is None:
+            t0 = time.perf_counter()
+            entry = self._capture_prefill(input_ids)
+            self.last_prefill_capture_s = time.perf_counter() - t0
+            self.prefill_captures += 1
+            self._prefill_graphs[T] = entry
+            while len(self._prefill_graphs) > self.prefill_policy["graphs"]:
+                self._prefill_graphs.popitem(last=False)  # the least recently used length
+        self._prefill_graphs.move_to_end(T)
+        entry.ids.copy_(input_ids)
+        entry.graph.replay()
+        cache.advance_host(T)  # the graph advanced the device lengths
+        return entry.out["logits"][:, -1]
+
+    @torch.inference_mode(False)  # its ``ids`` are written by later replays, in any mode
+    def _capture_prefill(self, input_ids: torch.Tensor) -> "PrefillGraph":
+        """Warm up (kernels compile) and capture the prefill of ``input_ids``' shape into this cache
+        as it stands (fresh, or holding a restored prefix). The warm-up writes the cache: its states
+        and device lengths are put back after it, and the host lengths never move (``run`` puts them
+        back: the caller advances them after each replay)."""
+        cache, model, device = self.cache, self.model, self.model.device
+        ids = input_ids.clone()
+        out: dict[str, torch.Tensor] = {}
+        cores = self.prefill_cores()
+
+        def run() -> None:
+            host = list(cache.host_lengths)
+            out["logits"] = model.forward_checked(ids, cache, last_only=True, cores=cores)
+            cache._host_lengths = host
+
+        states = [*cache.conv_states.values(), *cache.recurrent_states.values(), cache.lengths]
+        return PrefillGraph(graphs.capture(run, states, device), ids, out)
+
+    @torch.no_grad()
+    def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
+                             weights: Any = None) -> torch.Tensor:
+        """Last-token logits [B, vocab] after ``input_ids`` [B, T] that continue the cached sequences
+        (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured once per
+        (cached length, T) and replayed: an eager prefill of a few tokens costs its launches, not its
+        arithmetic. The inputs are checked eagerly first; the first call of a shape runs it once
+        outside the capture (kernels compile), putting the states it shifts back
+        (:func:`labkit.decode.graphs.capture`). The returned logits are overwritten by the next
+        replay of the same shape (as ``step``'s). Without ``graph``, or for an empty cache, this is :meth:`prefill`.
+
+        A caller that has already checked the token ids' range on the host (``ids_checked``: reading
+        them from the device is a sync) and taken the model's :func:`labkit.weights.weights_key` (``weights``), as
+        :class:`labkit.PrefixCache` does, passes them; shapes, dtype, device and room are checked."""
+        cache = self.cache
+        if not self.graph or cache.seq_len == 0:
+            return self.prefill(input_ids)
+        self.refresh(weights)
+        self.model._check_input(input_ids, cache, check_ids=not ids_checked)
+        key = (cache.host_lengths, tuple(input_ids.shape))
+        entry = self._continuations.pop(key, None)
+        if entry is None:
+            entry = self._capture_prefill(input_ids)
+            self.captures += 1
+        self._continuations[key] = entry  # most recently used last
+        while len(self._continuations) > self.CONTINUATIONS:
+            self._continuations.pop(next(iter(self._continuations)))
+        entry.ids.copy_(input_ids)
+        entry.graph.replay()
+        cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+        return entry.out["logits"][:, -1]
+

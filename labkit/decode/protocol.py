@@ -1,0 +1,76 @@
+"""The decode contract: what every rung of the ladder offers its callers, with the defaults.
+
+A rung is a factory ``(model, cache) -> Decoder``. Callers (``generate``, :class:`labkit.PrefixCache`,
+the benchmarks, the diagnosis) use only what :class:`Decoder` declares here and never probe a
+decoder's attributes: a rung overrides what it does better than the default.
+
+- ``prefill(input_ids [B, T]) -> [B, vocab]``: the last token's logits; the cache advances by T.
+- ``step(tokens [B]) -> [B, vocab]``: the next logits; the cache advances by one.
+- ``step_greedy(tokens [B]) -> [B]``: the argmax of ``step``'s logits (default: exactly that, so a
+  rung that can pick the token without writing logits overrides it, bit for bit the same token).
+- ``prefill_cores(checkpoint_every, checkpoints) -> MixerCores | None``: the mixer cores its prefill
+  runs inside the model's own forward, lent to PrefixCache to read the states at block boundaries;
+  ``None`` (the default): the rung's prefill cannot be run that way, and PrefixCache prefills
+  through :meth:`prefill` block by block instead.
+- ``checkpoint_multiple``: a multiple of it is a ``checkpoint_every`` the delta rule of
+  ``prefill_cores`` can honour (state checkpoints from the chunk kernel's walk); ``None``: none.
+- ``prefill_continuation(input_ids, ids_checked=, weights=)``: a prompt that continues the cached
+  sequences (the tail after a restored prefix); default: :meth:`prefill`.
+- ``checked_weights``: the model's :func:`labkit.weights.weights_key` as the rung last took it
+  (``None``: it took none), so a caller passes it on rather than taking it again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..cache import HybridCache
+from ..model import HybridLM
+from ..ops.mixers import MixerCores
+
+__all__ = ["Decoder", "checked_decoder"]
+
+
+class Decoder:
+    """Base of every rung: ``model`` and ``cache``, ``prefill`` and ``step``, and the capabilities
+    callers use, each with its default (see the module's docstring)."""
+
+    model: HybridLM
+    cache: HybridCache
+    checkpoint_multiple: int | None = None
+
+    def __init__(self, model: HybridLM, cache: HybridCache) -> None:
+        self.model, self.cache = model, cache
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, vocab]
+        raise NotImplementedError(f"{type(self).__name__} must define prefill")
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B, vocab]
+        raise NotImplementedError(f"{type(self).__name__} must define step")
+
+    def step_greedy(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B]
+        return self.step(tokens).argmax(-1)
+
+    def prefill_cores(self, checkpoint_every: int | None = None,
+                      checkpoints: list[torch.Tensor] | None = None) -> MixerCores | None:
+        return None
+
+    def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
+                             weights: Any = None) -> torch.Tensor:
+        return self.prefill(input_ids)
+
+    @property
+    def checked_weights(self) -> Any:
+        return None
+
+
+def checked_decoder(decoder: Any, backend: str) -> Decoder:
+    """``decoder`` if it keeps the contract (a :class:`Decoder`), else a TypeError naming the rung."""
+    if not isinstance(decoder, Decoder):
+        raise TypeError(
+            f"backend {backend!r} made a {type(decoder).__name__}, not a labkit.decode.Decoder: subclass "
+            "labkit.decode.Decoder (it supplies the defaults callers rely on) and override prefill and step"
+        )
+    return decoder
