@@ -83,7 +83,7 @@ from typing import Any
 import torch
 
 from .cache import CacheFullError, HybridCache
-from .weights import WeightsKey, weights_key
+from .weights import WeightsKey, weights_key, with_values
 from .decode.protocol import Decoder
 from .model import HybridLM
 from .config import is_int, is_real
@@ -352,7 +352,7 @@ class PrefixCache:
                 f"this PrefixCache holds {self.dtype} snapshots on {self.device}; the model is {model.dtype} "
                 f"on {model.device}: make a PrefixCache for that model"
             )
-        key = weights_key(model) if weights is None else weights
+        key = weights_key(model) if weights is None else with_values(model, weights)
         self._check_weights(model, key)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")

@@ -31,7 +31,14 @@ machine's host the memoized facts took 0.219 ms against the walk's 0.232 (data/b
 hit-host.json): the saving that counts is taking the key once per call (``generate`` hands the
 fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`).
 
-The fingerprint is read on every call (that is its point): one ``as_strided`` view per tensor (a
+Who reads the fingerprint. A plan or a captured graph reads the tensors where they are, so an edit
+of their values (even through ``.data``) needs nothing rebuilt: the rungs key by ``layout`` and
+``places`` alone (``weights_key(model, values=False)``, :meth:`WeightsKey.same_tensors`) and pay
+nothing for values. A prefix snapshot was computed from the values, so :class:`labkit.PrefixCache`
+reads the fingerprint on every prefill (:func:`with_values`, from the rung's key when ``generate``
+hands it over: the facts are then not read twice).
+
+When asked for, the fingerprint is read on every call (that is its point): one ``as_strided`` view per tensor (a
 C-level ``map``, no copy), one ``cat`` per device and dtype, one copy to the host per device. It
 is the one part that touches the device: on a GPU the host waits for it (a sync; the device is
 idle where the key is taken, before a prefill, so it waits for the copy alone). Its cost is Python and
@@ -55,7 +62,7 @@ from itertools import chain
 import torch
 from torch import nn
 
-__all__ = ["SAMPLES", "WeightsKey", "weights_key"]
+__all__ = ["SAMPLES", "WeightsKey", "weights_key", "with_values"]
 
 SAMPLES = 8  # elements sampled per tensor for the fingerprint
 
@@ -67,11 +74,18 @@ class WeightsKey:
 
     layout: tuple
     places: tuple
-    fingerprint: bytes
+    fingerprint: bytes | None  # None: not read (``weights_key(..., values=False)``)
+
+    def same_tensors(self, other: "WeightsKey | None") -> bool:
+        """The same tensors, unmodified as far as torch counts: what a plan or a captured graph binds
+        (it reads the tensors where they are, so an edit of their values needs nothing rebuilt)."""
+        return other is not None and self.layout == other.layout and self.places == other.places
 
     def same_values(self, other: "WeightsKey") -> bool:
         """The same names, shapes, dtypes and sampled values: the same weights, wherever they live
         (a checkpoint loaded twice), as far as the fingerprint can tell."""
+        if self.fingerprint is None or other.fingerprint is None:
+            raise ValueError("same_values needs both keys taken with values=True (their fingerprints)")
         return self.layout == other.layout and self.fingerprint == other.fingerprint
 
 
@@ -113,7 +127,8 @@ def _sampling(t: torch.Tensor) -> tuple[tuple[int], tuple[int]]:
 class _Memo:
     """What one walk of a model saw, held weakly (a replaced weight is freed, not kept by the memo)."""
 
-    __slots__ = ("modules", "names", "entries", "tensors", "versioned", "facts", "sizes", "strides", "groups", "key")
+    __slots__ = ("modules", "names", "entries", "tensors", "versioned", "facts", "sizes", "strides", "groups",
+                 "tensors_key", "key")
 
     def __init__(self, model: nn.Module) -> None:
         layout: list = []
@@ -139,7 +154,8 @@ class _Memo:
         self.groups = [list(by_dtype.values()) for by_dtype in groups.values()]
         versions = iter(self.facts[1])
         places = tuple((ptr, next(versions) if v else None) for ptr, v in zip(self.facts[0], self.versioned))
-        self.key = WeightsKey(tuple(layout), places, self.fingerprint(tensors))
+        self.tensors_key = WeightsKey(tuple(layout), places, None)
+        self.key: WeightsKey | None = None  # with its fingerprint, once one was asked for
 
     def _facts(self, tensors: list[torch.Tensor]) -> tuple:
         """Storage addresses, version counters (of the tensors that have one), shapes and dtypes."""
@@ -158,10 +174,18 @@ class _Memo:
                       for by_dtype in self.groups]
         return b"".join(p.cpu().numpy().tobytes() for p in per_device)
 
-    def current(self) -> WeightsKey | None:
+    def with_values(self, tensors: list[torch.Tensor]) -> WeightsKey:
+        """:attr:`tensors_key` with the fingerprint read now (the very same key object while it reads
+        the same)."""
+        fingerprint = self.fingerprint(tensors)
+        if self.key is None or fingerprint != self.key.fingerprint:  # values edited where torch does not count
+            self.key = replace(self.tensors_key, fingerprint=fingerprint)
+        return self.key
+
+    def current(self, values: bool) -> WeightsKey | None:
         """The key a walk now would give, if the memo still describes the model (the same modules,
         entries (by identity) and names, each tensor at the same storage, version, shape and dtype),
-        with the fingerprint read now; None if the model's tree or tensors changed."""
+        with the fingerprint read now if ``values``; None if the model's tree or tensors changed."""
         modules = list(map(operator.call, self.modules))
         if None in modules:  # a module died: the tree changed
             return None
@@ -175,18 +199,17 @@ class _Memo:
         tensors = list(map(operator.call, self.tensors))
         if self._facts(tensors) != self.facts:
             return None
-        fingerprint = self.fingerprint(tensors)
-        if fingerprint != self.key.fingerprint:  # values edited where torch does not count (.data)
-            self.key = replace(self.key, fingerprint=fingerprint)
-        return self.key
+        return self.with_values(tensors) if values else self.tensors_key
 
 
 _MEMOS: "weakref.WeakKeyDictionary[nn.Module, _Memo]" = weakref.WeakKeyDictionary()
 
 
-def weights_key(model: nn.Module) -> WeightsKey:
+def weights_key(model: nn.Module, *, values: bool = True) -> WeightsKey:
     """The :class:`WeightsKey` of ``model`` now: names, shapes and dtypes; storage and in-place
-    versions; a fingerprint of sampled values (see the module's docstring for what each catches).
+    versions; with ``values``, a fingerprint of sampled values (see the module's docstring for what
+    each catches). The rungs ask ``values=False``: a plan or a graph reads the tensors in place, so
+    it depends on which tensors they are, not on their values; a prefix snapshot depends on both.
 
     Any change means a plan (and the graphs that captured it) or a prefix snapshot may be stale: a
     replaced tensor, a moved or converted model, a renamed, reshaped or deleted parameter, an
@@ -195,8 +218,20 @@ def weights_key(model: nn.Module) -> WeightsKey:
     of walking the tree, and returns the very same key object while nothing changed.
     """
     memo = _MEMOS.get(model)
-    key = None if memo is None else memo.current()
+    key = None if memo is None else memo.current(values)
     if key is None:
         memo = _MEMOS[model] = _Memo(model)
-        key = memo.key
+        key = memo.with_values(list(map(operator.call, memo.tensors))) if values else memo.tensors_key
     return key
+
+
+def with_values(model: nn.Module, key: WeightsKey) -> WeightsKey:
+    """``key`` with its fingerprint: ``key`` itself if it has one; if it is the tensors key that
+    :func:`weights_key` has just given for ``model`` (a rung's :attr:`checked_weights`), only the
+    fingerprint is read, the facts are not checked again; otherwise the whole key afresh."""
+    if key.fingerprint is not None:
+        return key
+    memo = _MEMOS.get(model)
+    if memo is not None and memo.tensors_key is key:
+        return memo.with_values(list(map(operator.call, memo.tensors)))
+    return weights_key(model)

@@ -130,7 +130,7 @@ def test_a_model_converted_to_another_dtype_is_not_replayed(graphs):
     labkit.generate(model, prompt, 2, backend="fused+graph")  # pooled
     labkit.generate(model, prompt, 2, backend="fused+graph", cache=cache)  # kept with the caller's cache
     model.float()
-    with pytest.raises(ValueError, match="cache is torch.bfloat16 on cpu; the model is torch.float32"):
+    with pytest.raises(ValueError, match="cache of torch.bfloat16 on cpu; the model is 'tiny-lfm2' in torch.float32"):
         labkit.generate(model, prompt, 2, backend="fused+graph", cache=cache)
     out = labkit.generate(model, prompt, 3, backend="fused+graph")  # a new pooled entry, in float32
     assert torch.equal(out.tokens, labkit.generate(model, prompt, 3).tokens)

@@ -241,7 +241,9 @@ def test_the_fused_decoder_passes_the_tuned_settings(monkeypatch):
 
     monkeypatch.setattr(tuning, "settings", settings)
     model = labkit.build("tiny-qwen3.5", dtype=torch.float32, seed=0)
-    decoder = labkit.decode.fused.FusedDecoder(model, model.new_cache(2, 8))
+    from labkit.decode.fused import FusedDecoder
+
+    decoder = FusedDecoder(model, model.new_cache(2, 8))
     plan = decoder.plan
     assert plan.placement == linear_mod.PdlPlacement(False, "end")
     assert plan.attn_args["release_early"] is False and plan.gdn_args["release_early"] is False

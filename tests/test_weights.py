@@ -13,7 +13,8 @@ def _model():
 
 def _walked(model):
     """The key a fresh walk gives (no memo)."""
-    return _Memo(model).key
+    memo = _Memo(model)
+    return memo.with_values([ref() for ref in memo.tensors])
 
 
 def test_the_same_model_gives_the_same_key_object_without_a_walk():
@@ -110,3 +111,24 @@ def test_a_model_made_under_inference_mode_has_a_key():
     with torch.inference_mode():
         next(model.parameters()).mul_(3)  # in place, inside inference mode: no counter anywhere
     assert weights_key(model) != key and weights_key(model) == _walked(model)
+
+
+def test_the_rungs_key_leaves_the_values_out_and_prefix_caches_add_them():
+    """A rung's key (values=False) reads no fingerprint and stays the same across a .data edit (its
+    plan reads the tensors in place); with_values adds the fingerprint to that very key, which sees it."""
+    from labkit.weights import with_values
+
+    model = _model()
+    tensors_key = weights_key(model, values=False)
+    assert tensors_key.fingerprint is None and weights_key(model, values=False) is tensors_key
+    full = with_values(model, tensors_key)
+    assert full == weights_key(model) and full.same_tensors(tensors_key)
+    model.layers[0].mixer_norm.weight.data.mul_(3)
+    assert weights_key(model, values=False) is tensors_key  # nothing a graph binds changed
+    assert with_values(model, tensors_key) != full  # the snapshot's values did
+    try:
+        tensors_key.same_values(full)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("same_values compared a key without its fingerprint")

@@ -120,8 +120,8 @@ class FusedDecoder(FusedPrefill, Decoder):
         and when ``generate`` reuses the decoder: once per sequence, never per token. ``weights``:
         the model's :func:`weights_key`, when the caller has just taken it (walking the model costs
         ~0.2 ms on Qwen3.5-0.8B)."""
-        key = weights_key(self.model) if weights is None else weights
-        if key == self._weights:
+        key = weights_key(self.model, values=False) if weights is None else weights
+        if key.same_tensors(self._weights):
             return False
         self._weights, self._graphs, self.plan = None, {}, None  # if this fails, nothing stale is left
         self._forget_prefills()

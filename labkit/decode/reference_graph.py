@@ -80,8 +80,8 @@ class ReferenceGraphDecoder(Decoder):
     def refresh(self) -> None:
         """Forget the graphs if the model's tensors changed since they were captured (they would read
         stale tensors). Called by every prefill, never per token: the check costs ~0.3 ms."""
-        key = weights_key(self.model)
-        if key != self._weights:
+        key = weights_key(self.model, values=False)
+        if not key.same_tensors(self._weights):
             self._graphs, self._outputs, self._weights = {}, {}, key
 
     @torch.no_grad()
