@@ -12,11 +12,13 @@ configuration of every kernel (bf16 and float32, batch 1, 3 and 16, with and wit
 graph backends capture, and ``labkit.cuda`` builds ``kernels/*.cu`` with nvcc once (60-85 s on the
 H200 machine). Serially that is well past ten minutes; so, when the command names this folder as a
 whole on a CUDA machine with pytest-xdist installed, this conftest runs it on several worker
-processes by itself (``-n <workers> --dist loadgroup``: 8 on a machine of 16 cores; 
+processes by itself (``-n <workers> --dist loadgroup``: 8 on a machine of 16 cores;
 ``LABKIT_GPU_WORKERS=N`` to choose, ``-n 0`` or ``-p no:xdist`` to run serially, which still works
 without pytest-xdist). Within one run, compiled Triton kernels are shared between the workers
 through Triton's on-disk cache; the CUDA extension is built by one worker only (its tests are one
-``xdist_group``).
+``xdist_group``). Checked with pytest 9.1 and pytest-xdist 3.8 (the H200 machine's); pytest 9.2
+renamed what xdist 3.8 appends a test's group to, so there the group spreads over the workers,
+which then wait on the build's lock in turn: slower, still right.
 
 Markers of this folder:
 
@@ -50,9 +52,12 @@ BATCHES = [1, 3, 16]  # the two decode buckets of the linear kernels, and an odd
 
 # The longest test of a cold run takes ~130 s on the H200 machine (float32 Qwen3.5 greedy decode:
 # its float32 kernels compile), the nvcc build of labkit.cuda 60-85 s; anything past this limit
-# has stalled. Worker processes are ended by the thread method (a kernel that never returns never
-# gives a signal handler the chance to run), which xdist reports as that test's failure before it
-# starts a fresh worker; serially the signal method keeps the process, so the summary still prints.
+# has stalled. pytest-timeout's signal method fails the test in its process, which goes on with
+# the next one. (Not the thread method: it ends the worker, and pytest-xdist 3.8's group scheduler
+# can hang the whole run when it replaces a crashed worker, pytest-xdist issues 1323, 1327, 1378.
+# For the same reason a crashed worker is not replaced here: the run ends with its summary. A
+# kernel that never returns keeps even a signal from being handled: give the command an outer
+# ``timeout -s INT``, and pytest still prints what ran.)
 TEST_TIMEOUT = 170
 DURATIONS = 30
 MAX_WORKERS = 8  # measured: 8 processes on one H200 and 16 cores (one per two cores: compiles are CPU-bound)
@@ -62,7 +67,7 @@ DIST_ENV = "LABKIT_GPU_DIST"  # how the controller tells its workers that it sch
 def pytest_configure(config):
     config.addinivalue_line("markers", "heavy(seconds): compiles much on its own; tests/gpu schedules it first")
     config.addinivalue_line("markers", "serial: times the GPU; tests/gpu runs it alone, after the others")
-    # registered by pytest-xdist when it is installed; without it the marker only orders nothing
+    # pytest-xdist registers it too; without xdist the marker does nothing
     config.addinivalue_line("markers", "xdist_group(name): tests run by one xdist worker (pytest-xdist)")
     if _in_this_folder(config) and torch.cuda.is_available() and config.option.durations is None:
         config.option.durations = DURATIONS
@@ -108,6 +113,8 @@ def pytest_cmdline_main(config):
     if workers > 1:
         config.option.numprocesses = workers
         config.option.dist = "loadgroup"
+        if config.option.maxworkerrestart is None:
+            config.option.maxworkerrestart = "0"  # see TEST_TIMEOUT
         os.environ[DIST_ENV] = "loadgroup"  # the workers inherit it (see pytest_configure)
     return None
 
@@ -115,10 +122,11 @@ def pytest_cmdline_main(config):
 def pytest_report_header(config):
     if _worker() or not _in_this_folder(config) or not torch.cuda.is_available():
         return None
-    if config.option.numprocesses:
-        how = f"{config.option.numprocesses} workers, --dist {config.option.dist}"
+    workers = getattr(config.option, "numprocesses", None)  # the option exists with pytest-xdist only
+    if workers:
+        how = f"{workers} workers, --dist {config.option.dist}"
     elif not config.pluginmanager.hasplugin("xdist"):
-        how = "serially: pytest-xdist is not installed (pip install pytest-xdist for the ~3-minute run)"
+        how = "serially: pytest-xdist is not loaded (pip install pytest-xdist for the ~3-minute run)"
     else:
         how = "serially"
     limit = config.getoption("timeout", None) or TEST_TIMEOUT
@@ -149,7 +157,7 @@ def pytest_collection_modifyitems(config, items):
             if not cuda:
                 item.add_marker(skip)
             elif timed and item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(TEST_TIMEOUT, method="thread" if _worker() else "signal"))
+                item.add_marker(pytest.mark.timeout(TEST_TIMEOUT, method="signal"))
     if cuda:
         # this folder's tests in their slots, sorted; stable, so each class keeps the collection
         # order (modules stay together for their fixtures), and every worker sorts alike, as xdist requires
