@@ -26,6 +26,7 @@ def built_extension():
     """labkit.cuda's extension, built (or loaded from its cache) before the first test."""
     return cuda.load()
 
+
 TOL = 1e-2  # bf16 output of a float32 sum; the reference rounds x W^T to bf16 before the residual add
 CONFIGS = [
     None,
