@@ -3,6 +3,8 @@
 #   make run    install, then execute every notebook with papermill into build/ and print a summary
 # and one to read and play:
 #   make lab    install, then open the workbook in JupyterLab (LAB_ARGS="--no-browser --port 8899" ...)
+# and on a GPU machine:
+#   make gpu-test   the GPU suite at the real shapes (tests/gpu; ~3 minutes on an H200 with pytest-xdist)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -13,7 +15,7 @@ PIP    := $(PY) -m pip
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TRITON   := $(if $(HAVE_GPU),,triton==3.6.0)
 
-.PHONY: test run lab install chromium clean
+.PHONY: test run lab install chromium clean gpu-test
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +30,14 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed chromium
 	$(PY) -m pytest -q tests
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then $(PY) -m pytest -q -p no:cacheprovider --nbval-lax notebooks; fi
+
+# The GPU machine usually has its own CUDA torch: this venv's python when there is one, else python3.
+# tests/gpu/conftest.py spreads the suite over worker processes when pytest-xdist is installed.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+gpu-test:
+	@$(GPU_PYTHON) -c "import xdist" 2>/dev/null || echo "pytest-xdist is not installed: the GPU suite runs serially (well over 10 minutes); pip install pytest-xdist"
+	$(GPU_PYTHON) -m pytest -m gpu tests/gpu
 
 run: $(VENV)/.installed
 	$(PY) -m labkit notebooks --out build

@@ -21,7 +21,8 @@ from labkit.bench.ops import rel_err
 T = 4096
 
 
-@pytest.mark.parametrize("preset", ["lfm2-350m", "qwen3.5-0.8b"])
+@pytest.mark.parametrize("preset", [pytest.param("lfm2-350m", marks=pytest.mark.heavy(seconds=20)),
+                                    pytest.param("qwen3.5-0.8b", marks=pytest.mark.heavy(seconds=40))])
 @torch.no_grad()
 def test_fused_prefill_is_as_close_to_float32_as_the_reference(preset):
     model = labkit.build(preset, dtype=torch.bfloat16, device="cuda", seed=0)
