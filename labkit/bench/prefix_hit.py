@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..decode.protocol import Decoder
 from ..decode.registry import make_decoder, pooled_decoder
 from ..lab import workloads as wl
 from ..model import HybridLM, build
@@ -70,17 +71,29 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-class _HostOnly:
+class _HostOnly(Decoder):
     """A decoder whose tail is a constant: ``PrefixCache.prefill``'s host side alone, as a replayed
     continuation graph leaves it (its launches are queued, not waited for). Everything else is the
     real decoder's."""
 
-    def __init__(self, decoder) -> None:
+    def __init__(self, decoder: Decoder) -> None:
+        super().__init__(decoder.model, decoder.cache)
         self._decoder = decoder
+        self.checkpoint_multiple = decoder.checkpoint_multiple
         self._logits = torch.zeros(1, decoder.model.cfg.vocab_size, device=decoder.model.device)
 
-    def __getattr__(self, name: str):
-        return getattr(self._decoder, name)
+    @property
+    def checked_weights(self):
+        return self._decoder.checked_weights
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self._decoder.prefill(input_ids)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._decoder.step(tokens)
+
+    def prefill_cores(self, checkpoint_every=None, checkpoints=None):
+        return self._decoder.prefill_cores(checkpoint_every, checkpoints)
 
     def prefill_continuation(self, input_ids: torch.Tensor, **_) -> torch.Tensor:
         self._decoder.cache.advance_host(input_ids.shape[1])
@@ -124,7 +137,7 @@ def hit_timeline(model: HybridLM, backend: str, prefix: int, tail: int, block_si
     rows = sorted(((k, n // len(profiled), us) for k, (n, us) in by.items()), key=lambda r: -r[2])
 
     tail_ms = []
-    if cuda and hasattr(dec, "prefill_continuation"):
+    if cuda:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         ids = prompts[-1][:, prefix:]
         for _ in range(20):
@@ -179,10 +192,7 @@ def hit_host(model: HybridLM, backend: str, prefix: int, tail: int, block_size: 
     def run_tail(i: int) -> None:
         cache.reset(zero=False)
         cache.advance(prefix)
-        if hasattr(dec, "prefill_continuation"):  # fused backends; the reference has only prefill
-            dec.prefill_continuation(tail_ids, ids_checked=True)
-        else:
-            dec.prefill(tail_ids)
+        dec.prefill_continuation(tail_ids, ids_checked=True)  # the reference's default: its prefill
 
     doc[f"tail prefill ({tail} tokens) (ms)"] = _timed_ms(run_tail, min(reps, 10), device)
     doc["python calls: hit, tail stubbed"] = _calls(lambda: pc.prefill(host_only, ids[3]))
