@@ -156,7 +156,11 @@ def _gdn_decode_kernel(
     u = beta * (v - tl.sum(S * k[:, None], axis=0))
     S = S + k[:, None] * u[None, :]
     o = tl.sum(S * q[:, None], axis=0)  # [BLOCK_V]
-    tl.debug_barrier()  # in place: all reads of the old slice come first
+    # Not needed for correctness: the tile is stored with the layout it was loaded with, so every
+    # element is rewritten by the thread that read it (planted away on the H200 on 2026-12-02, the
+    # race test passed and Triton's own barriers left the PTX with as many bar.syncs). Kept until
+    # its removal is timed; the race test's planted "state" names it.
+    tl.debug_barrier()  # in place: the old slice is read before it is overwritten
     tl.store(s_ptrs, S, mask=s_mask)
     if USE_PDL and not RELEASE_EARLY:
         gdc_launch_dependents()
