@@ -101,3 +101,17 @@ def graphs(monkeypatch):
 def random_prompt(model, batch, length, seed=0):
     """Token ids [batch, length] drawn from the model's vocabulary, reproducibly."""
     return torch.randint(0, model.cfg.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def gpu_named(monkeypatch):
+    """Pretend every CUDA device has the given name; forget loaded files and warnings."""
+    from labkit import tuning
+
+    tuning.forget()
+
+    def name(gpu: str) -> None:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+
+    yield name
+    tuning.forget()

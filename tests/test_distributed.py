@@ -1,7 +1,7 @@
 """labkit.distributed on CPUs: torchrun jobs of two gloo processes on the tiny presets, failures that
 end the job on every rank, bad input refused before any process starts, and NVLink multicast kept
 off in every environment labkit makes. (The NCCL paths, CUDA graphs included, run on the GPU
-machine through notebook 06.)"""
+machine through notebook 07.)"""
 
 import json
 import os

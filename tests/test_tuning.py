@@ -20,18 +20,6 @@ from labkit.ops.linear import LinearConfig, TuningKey, tuning_key
 H200_FILE = tuning.TUNING_DIR / "nvidia-h200.json"
 
 
-@pytest.fixture
-def gpu_named(monkeypatch):
-    """Pretend every CUDA device has the given name; forget loaded files and warnings."""
-    tuning.forget()
-
-    def name(gpu: str) -> None:
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
-
-    yield name
-    tuning.forget()
-
-
 def _write(path, doc):
     path.write_text(json.dumps(doc))
     return path

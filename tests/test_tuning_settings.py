@@ -38,17 +38,6 @@ BEFORE = {
 }
 
 
-@pytest.fixture
-def gpu_named(monkeypatch):
-    tuning.forget()
-
-    def name(gpu: str) -> None:
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
-
-    yield name
-    tuning.forget()
-
-
 def test_the_h200_file_holds_every_setting_the_code_held(gpu_named):
     doc = tuning.read_tuning_file(H200_FILE)
     assert {k: v["values"] for k, v in doc["settings"].items()} == BEFORE  # every kernel, every setting: no gaps
