@@ -49,6 +49,7 @@ from .launch import (
     interpreter_flags,
     interpreting,
     next_pow2,
+    wait_until,
 )
 from .mixers import AttentionDims, attention_ref
 
@@ -106,8 +107,9 @@ def _attention_store(o, row, out_ptr, b, heads, gmask, d, dmask,
     tl.store(out_ptr + b * NH * HD + offs, cast(o, OUT_DTYPE, EMULATE_RTNE), mask=mask)
 
 
-@triton.jit
-def _attention_decode_kernel(
+@device_function
+def attention_tile(
+    pid, split, n_splits, wait_ptr, wait_target,
     proj_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, lengths_ptr, out_ptr,
     count_ptr, part_ptr, ml_ptr,
     P, max_len, eps, scale,
@@ -115,12 +117,12 @@ def _attention_decode_kernel(
     GATE: tl.constexpr, UNIT_OFFSET: tl.constexpr,
     G_PAD: tl.constexpr, HD_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
-    RELEASE_EARLY: tl.constexpr,
+    RELEASE_EARLY: tl.constexpr, WAIT_COUNTER: tl.constexpr,
 ):
-    """Grid (B * NKV, cdiv(max_len, CHUNK)); see the module docstring for the maths."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    n_splits = tl.num_programs(1)
+    """Chunk ``split`` of ``n_splits`` for (sequence, kv head) ``pid = b * NKV + kvh``; see the
+    module docstring for the maths. With WAIT_COUNTER it first waits for ``*wait_ptr >=
+    wait_target`` (the persistent decode kernel's dependency), where a PDL launch waits for the
+    previous grid."""
     b = pid // NKV
     kvh = pid % NKV
     G: tl.constexpr = NH // NKV
@@ -130,6 +132,8 @@ def _attention_decode_kernel(
             # it writes, and meanwhile can put its own weights in flight on SMs this grid leaves idle.
             gdc_launch_dependents()
         gdc_wait()
+    if WAIT_COUNTER:
+        wait_until(wait_ptr, wait_target)
     pos = tl.load(lengths_ptr + b)
     c0 = split * CHUNK
     if c0 <= pos:
@@ -215,6 +219,27 @@ def _attention_decode_kernel(
                 l_all = tl.where(l_all > 0, l_all, 1.0)  # padded rows only
                 _attention_store(o_all / l_all[:, None], row, out_ptr, b, heads, gmask, d, dmask,
                                  NH, NKV, HD, GATE, OUT_DTYPE, EMULATE_RTNE)
+
+
+@triton.jit
+def _attention_decode_kernel(
+    proj_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, lengths_ptr, out_ptr,
+    count_ptr, part_ptr, ml_ptr,
+    P, max_len, eps, scale,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr,
+    GATE: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+    G_PAD: tl.constexpr, HD_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
+    RELEASE_EARLY: tl.constexpr,
+):
+    """Grid (B * NKV, cdiv(max_len, CHUNK)): one :func:`attention_tile` per program."""
+    attention_tile(
+        tl.program_id(0), tl.program_id(1), tl.num_programs(1), count_ptr, 0,
+        proj_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, lengths_ptr, out_ptr,
+        count_ptr, part_ptr, ml_ptr, P, max_len, eps, scale,
+        NH, NKV, HD, ROT, GATE, UNIT_OFFSET, G_PAD, HD_PAD, CHUNK, BLOCK_S,
+        OUT_DTYPE, DOT_F32, EMULATE_RTNE, USE_PDL, RELEASE_EARLY, False,
+    )
 
 
 @dataclass

@@ -50,6 +50,7 @@ from .launch import (
     interpreting,
     next_pow2,
     num_sms,
+    wait_until,
 )
 from .mixers import GdnDims, gated_deltanet_ref
 
@@ -91,8 +92,9 @@ def _gated_norm_store(o, z_row, norm_w_ptr, out_row, d, dmask, DV: tl.constexpr,
     tl.store(out_row + d, cast(y, OUT_DTYPE, EMULATE_RTNE), mask=dmask)
 
 
-@triton.jit
-def _gdn_decode_kernel(
+@device_function
+def gdn_tile(
+    pid, vb, n_vb, wait_ptr, wait_target,
     proj_ptr, conv_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
     qk_count_ptr, o_count_ptr, o_part_ptr,
     P, C, eps, q_scale,
@@ -100,10 +102,12 @@ def _gdn_decode_kernel(
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
     SHARED_QK: tl.constexpr, SPLIT_V: tl.constexpr, OUT_DTYPE: tl.constexpr,
     DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr,
+    WAIT_COUNTER: tl.constexpr,
 ):
-    """Grid (B * NV, cdiv(DV, BLOCK_V)); see the module docstring for the maths."""
-    pid = tl.program_id(0)
-    vb = tl.program_id(1)
+    """Value block ``vb`` of ``n_vb`` of (sequence, value head) ``pid = b * NV + hv``; see the
+    module docstring for the maths. With WAIT_COUNTER it waits for ``*wait_ptr >= wait_target``
+    (the persistent decode kernel's dependency) where a PDL launch waits for the previous grid:
+    after the state slice, which depends on no earlier work of the step, is requested."""
     b = pid // NV
     hv = pid % NV
     GROUP: tl.constexpr = NV // NK
@@ -124,6 +128,8 @@ def _gdn_decode_kernel(
             # outputs) so that it can put its weights in flight on the SMs this grid leaves idle.
             gdc_launch_dependents()
         gdc_wait()
+    if WAIT_COUNTER:
+        wait_until(wait_ptr, wait_target)
     row = proj_ptr + b * P
     conv_state = conv_state_ptr + b * (KW - 1) * C
     q_ch = hk * DK + dk
@@ -170,7 +176,7 @@ def _gdn_decode_kernel(
     if SPLIT_V:
         part = o_part_ptr + pid * BLOCK_DV
         tl.store(part + dv, o, mask=vmask)
-        if arrive(o_count_ptr + pid, tl.num_programs(1)):
+        if arrive(o_count_ptr + pid, n_vb):
             d = tl.arange(0, BLOCK_DV)
             dmask = d < DV
             o_all = tl.load(part + d, mask=dmask, other=0.0, cache_modifier=".cg")
@@ -180,9 +186,29 @@ def _gdn_decode_kernel(
 
     if SHARED_QK:
         # every program of this key head has read its q/k conv state: the last one shifts it
-        if arrive(qk_count_ptr + b * NK + hk, GROUP * tl.num_programs(1)):
+        if arrive(qk_count_ptr + b * NK + hk, GROUP * n_vb):
             _shift_conv_state(row, conv_state, q_ch, kmask, C, KW, KW_PAD)
             _shift_conv_state(row, conv_state, k_ch, kmask, C, KW, KW_PAD)
+
+
+@triton.jit
+def _gdn_decode_kernel(
+    proj_ptr, conv_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
+    qk_count_ptr, o_count_ptr, o_part_ptr,
+    P, C, eps, q_scale,
+    NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KW_PAD: tl.constexpr,
+    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
+    SHARED_QK: tl.constexpr, SPLIT_V: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr, RELEASE_EARLY: tl.constexpr,
+):
+    """Grid (B * NV, cdiv(DV, BLOCK_V)): one :func:`gdn_tile` per program."""
+    gdn_tile(
+        tl.program_id(0), tl.program_id(1), tl.num_programs(1), qk_count_ptr, 0,
+        proj_ptr, conv_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, out_ptr,
+        qk_count_ptr, o_count_ptr, o_part_ptr, P, C, eps, q_scale,
+        NK, NV, DK, DV, KW, KW_PAD, BLOCK_DK, BLOCK_DV, BLOCK_V, SHARED_QK, SPLIT_V, OUT_DTYPE,
+        DOT_F32, EMULATE_RTNE, USE_PDL, RELEASE_EARLY, False,
+    )
 
 
 @dataclass

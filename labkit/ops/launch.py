@@ -187,6 +187,33 @@ def arrive(counter_ptr, expected):
     return last
 
 
+@device_function
+def signal(counter_ptr):
+    """Count this program's finished work in at ``*counter_ptr`` (for :func:`wait_until`).
+
+    The barrier puts every thread's stores ahead of the increment and the release atomic (one
+    thread, at GPU scope) publishes them, as :func:`arrive` does; unlike it, the counter only
+    grows: whoever waits knows how many arrivals to expect, and the one who resets it knows that
+    nobody waits any more."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@device_function
+def wait_until(counter_ptr, target):
+    """Spin until ``*counter_ptr >= target``: the producers of what comes next have :func:`signal`-ed.
+
+    The poll is a volatile load (served by L2, no atomic traffic while it spins); one acquire
+    atomic once it succeeds orders this program's later reads after the producers' writes, and
+    the barrier holds every thread until then. Another program must be resident to produce, so a
+    grid that waits on itself must fit on the GPU at once (the persistent kernel sizes its grid so).
+    """
+    while tl.load(counter_ptr, volatile=True) < target:
+        pass
+    tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
 def interpreter_flags(dtype: torch.dtype) -> dict[str, bool]:
     """The constexpr flags every kernel takes (see the module notes)."""
     return {

@@ -73,6 +73,7 @@ from .launch import (
     interpreting,
     next_pow2,
     num_sms,
+    wait_until,
 )
 from .norm import rms_norm_ref
 
@@ -80,7 +81,7 @@ from .norm import rms_norm_ref
 # -- kernel -------------------------------------------------------------------------------------------
 @device_function
 def _linear_epilogue(
-    acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+    acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n, n_tiles,
     out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
     OUT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, KW: tl.constexpr,
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
@@ -130,13 +131,13 @@ def _linear_epilogue(
         vals = tl.where(n_mask[None, :], y.to(tl.float32), float("-inf"))
         best = tl.max(vals, axis=1)
         idx = tl.argmax(vals, axis=1, tie_break_left=True)
-        n_tiles = tl.num_programs(0)
         tl.store(best_val_ptr + offs_m * n_tiles + pid_n, best, mask=m_mask)
         tl.store(best_idx_ptr + offs_m * n_tiles + pid_n, pid_n * BLOCK_N + idx, mask=m_mask)
 
 
-@triton.jit
-def _linear_kernel(
+@device_function
+def linear_tile(
+    pid_n, pid_k, pid_m, n_tiles, wait_ptr, wait_target,
     x_ptr, w_ptr, norm_w_ptr, out_ptr, res_ptr,
     part_ptr, count_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
     M, N, K, k_per_split, eps,
@@ -147,7 +148,7 @@ def _linear_kernel(
     RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
     STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
-    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr, WAIT_COUNTER: tl.constexpr,
 ):
     """out[m, n] = epilogue(acc_0..acc_{R-1}) for one [BLOCK_M, BLOCK_N] tile and one K split, with
 
@@ -157,11 +158,13 @@ def _linear_kernel(
     xn rounded to the weight dtype (what a separate norm would have stored). The epilogue adds the
     residual (loaded after the K loop), or takes silu(acc_0) * acc_1, or runs the gated short conv on
     (B, C, x) = (acc_0, acc_1, acc_2) with its state, or stores per-tile argmaxes.
-    Grid: (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)); W is [ROW_BLOCKS * N, K], row-major.
+    W is [ROW_BLOCKS * N, K], row-major. The tile is (pid_n, pid_k, pid_m) of a grid of
+    (n_tiles = cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)): :func:`_linear_kernel` runs one tile
+    per program; the persistent decode kernel runs many per program, and with WAIT_COUNTER the
+    tile waits for ``*wait_ptr >= wait_target`` (its input's producers, counted) where a PDL launch
+    would wait for the previous grid: after the first weight tile is requested (PRELOAD), before
+    the input is read.
     """
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -202,6 +205,8 @@ def _linear_kernel(
             gdc_wait()  # the input row comes from the previous kernel
             if RELEASE == 2:
                 gdc_launch_dependents()
+        if WAIT_COUNTER:
+            wait_until(wait_ptr, wait_target)
         if not PRELOAD:
             wt0 = tl.load(w0 + kk, mask=w_mask, other=0.0)
             if ROW_BLOCKS >= 2:
@@ -267,6 +272,8 @@ def _linear_kernel(
             gdc_wait()
             if RELEASE == 2:
                 gdc_launch_dependents()
+        if WAIT_COUNTER:
+            wait_until(wait_ptr, wait_target)
         if NORM:
             # a pass over the rows first (as on main: a [BLOCK_M, BLOCK_K] accumulator held across it
             # measured slower at batch 16)
@@ -310,7 +317,7 @@ def _linear_kernel(
 
     if SPLIT_K == 1:
         _linear_epilogue(
-            acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+            acc, acc1, acc2, offs_m, offs_n, m_mask, n_mask, N, pid_n, n_tiles,
             out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
             OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
         )
@@ -325,7 +332,7 @@ def _linear_kernel(
             tl.store(mine + N, acc1, mask=tile_mask)
         if ROW_BLOCKS >= 3:
             tl.store(mine + 2 * N, acc2, mask=tile_mask)
-        tile = pid_m * tl.num_programs(0) + pid_n
+        tile = pid_m * n_tiles + pid_n
         if arrive(count_ptr + tile, SPLIT_K):
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             total1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -338,10 +345,36 @@ def _linear_kernel(
                 if ROW_BLOCKS >= 3:
                     total2 += tl.load(theirs + 2 * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
             _linear_epilogue(
-                total, total1, total2, offs_m, offs_n, m_mask, n_mask, N, pid_n,
+                total, total1, total2, offs_m, offs_n, m_mask, n_mask, N, pid_n, n_tiles,
                 out_ptr, res_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
                 OUT_DTYPE, BLOCK_N, KW, RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EMULATE_RTNE,
             )
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, norm_w_ptr, out_ptr, res_ptr,
+    part_ptr, count_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
+    M, N, K, k_per_split, eps,
+    OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr, KW: tl.constexpr,
+    NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+    RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, SHORT_CONV: tl.constexpr,
+    STORE_OUT: tl.constexpr, ARGMAX: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr, USE_PDL: tl.constexpr,
+    PRELOAD: tl.constexpr, RELEASE: tl.constexpr, WHOLE_ROW: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)): one :func:`linear_tile` per program."""
+    linear_tile(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), count_ptr, 0,
+        x_ptr, w_ptr, norm_w_ptr, out_ptr, res_ptr,
+        part_ptr, count_ptr, best_val_ptr, best_idx_ptr, conv_state_ptr, conv_w_ptr,
+        M, N, K, k_per_split, eps,
+        OUT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, ROW_BLOCKS, KW, NORM, UNIT_OFFSET,
+        RESIDUAL, SWIGLU, SHORT_CONV, STORE_OUT, ARGMAX, EVEN_K, DOT_F32, EMULATE_RTNE, USE_PDL,
+        PRELOAD, RELEASE, WHOLE_ROW, False,
+    )
 
 
 # -- configuration ------------------------------------------------------------------------------------
