@@ -1,4 +1,4 @@
-"""`python -m labkit compile-check`: the fused step's kernels go through Triton's real compiler
+"""`python -m labkit compile-check`: the fused step's kernels and the persistent step go through Triton's real compiler
 (and ptxas) for sm_90 on a machine without a GPU, which the CPU interpreter never exercises."""
 
 import os
@@ -21,7 +21,8 @@ def test_the_fused_step_compiles_for_sm90_without_a_gpu():
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "compiled for sm_90" in run.stdout and "; 0 failures" in run.stdout
-    for kernel in ("_linear_kernel", "_gdn_decode_kernel", "_attention_decode_kernel", "_argmax_reduce_kernel"):
+    for kernel in ("_linear_kernel", "_gdn_decode_kernel", "_attention_decode_kernel", "_argmax_reduce_kernel",
+                   "_persistent_step_kernel"):
         assert kernel in run.stdout
 
 

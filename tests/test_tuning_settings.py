@@ -51,7 +51,9 @@ def test_the_h200_file_holds_every_setting_the_code_held(gpu_named):
 def test_the_heuristics_are_the_ops_defaults():
     """A GPU without a file runs what the ops run when not told: the heuristic table and the
     defaults of the parameters that take the settings are one set of values."""
-    assert {k: dict(v) for k, v in tuning.HEURISTICS.items()} == BEFORE
+    # the kernels the code held constants for, and the persistent step's first guess (unmeasured)
+    assert {k: dict(v) for k, v in tuning.HEURISTICS.items() if k != "persistent_decode"} == BEFORE
+    assert set(tuning.HEURISTICS) == {*BEFORE, "persistent_decode"}
     h = tuning.HEURISTICS
 
     def defaults(fn, *names):

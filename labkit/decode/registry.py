@@ -45,6 +45,7 @@ _LADDER: dict[str, tuple[Rung, bool]] = {
     "fused": (Rung(_FUSED, "fused_decoder"), True),
     "fused+graph": (Rung(_FUSED, "fused_decoder", (("graph", True),)), True),
     "fused+graph+pdl": (Rung(_FUSED, "fused_decoder", (("graph", True), ("pdl", True))), True),
+    "persistent": (Rung("labkit.decode.persistent", "persistent_decoder"), True),
 }
 
 BACKENDS: dict[str, Callable[[HybridLM, HybridCache], Decoder]] = {name: r for name, (r, _) in _LADDER.items()}

@@ -6,7 +6,8 @@
 
 The CPU interpreter runs the kernels' Python; it does not run Triton's compiler, so a kernel can
 pass every CPU test and still fail to compile (types, layouts, shared memory). This script runs
-one decode step of the "fused" backend (with and without PDL) on CPU tensors of the real presets,
+one decode step of the "fused" backend (with and without PDL), and one of the "persistent" backend
+(its one kernel, greedy), on CPU tensors of the real presets,
 but with Triton's driver replaced by a stand-in that reports a GPU target and launches nothing:
 every launch is compiled down to a cubin with the ptxas that ships with Triton, and nothing
 executes. It then reports, per kernel variant: registers, stack (spills), shared memory, and how many
@@ -136,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     import labkit
     from labkit import tuning
     from labkit.decode.fused import FusedDecoder
-    from labkit.ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, short_conv
+    from labkit.decode.persistent import PersistentDecoder
+    from labkit.ops import attention_decode, gated_delta_decode, greedy_head, launch, linear, persistent_decode, short_conv
+
+    # the persistent step's table and tiles for the grid it would get on a GPU of NOMINAL_SMS SMs
+    PersistentDecoder._grid = lambda self: persistent_decode.resident_programs(self.settings["programs_per_sm"])
 
     if args.gpu:  # the CPU stands in for that GPU when the fused backend looks up its blockings
         table = tuning.linear_table(tuning.tuning_path(args.gpu))
@@ -171,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as e:  # noqa: BLE001
                         failures += 1
                         print(f"FAIL {what}: {e!r}")
+            what = f"{preset} B={batch} persistent step"
+            try:
+                decoder = PersistentDecoder(model, model.new_cache(batch, max_len=4096))
+                decoder._forward(decoder.plan, True)
+                print(f"ok   {what}: {len(COMPILED)} variants so far ({time.time() - t0:.0f} s)")
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                print(f"FAIL {what}: {e!r}")
         del model
 
     print(f"\n{'kernel':28s} {'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack':>6s} {'smem':>7s} {'16B ld':>6s}  constexprs")

@@ -26,7 +26,6 @@ the last to arrive (:func:`labkit.ops.launch.arrive`) merges them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

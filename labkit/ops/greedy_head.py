@@ -22,23 +22,20 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .launch import cdiv, check_devices, check_tensor
+from .launch import cdiv, check_devices, check_tensor, device_function
 from .linear import LinearConfig, LinearWorkspace, PdlPlacement, launch_linear, linear_config
 from .norm import rms_norm_ref
 
 
-@triton.jit
-def _argmax_reduce_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_tiles, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    """out[m] = best_idx[m, t*] with t* the first tile of the largest best_val[m, t] (one program per row).
+@device_function
+def argmax_row(row, best_val_ptr, best_idx_ptr, out_ptr, n_tiles, BLOCK: tl.constexpr):
+    """out[row] = best_idx[row, t*] with t* the first tile of the largest best_val[row, t].
 
     Lanes keep a running (value, index) with strict '>' so the earliest tile wins within a lane;
     across lanes the smallest index among the maxima wins. Tile winners are first-in-tile, so the
     result is the first column holding the row maximum.
     """
-    row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
-    if USE_PDL:
-        gdc_wait()
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_i = tl.full([BLOCK], 2147483647, tl.int32)
     for t0 in range(0, n_tiles, BLOCK):
@@ -52,6 +49,14 @@ def _argmax_reduce_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_tiles, BLOCK: t
     top = tl.max(best, axis=0)
     winner = tl.min(tl.where(best == top, best_i, 2147483647), axis=0)
     tl.store(out_ptr + row, winner.to(tl.int64))
+
+
+@triton.jit
+def _argmax_reduce_kernel(best_val_ptr, best_idx_ptr, out_ptr, n_tiles, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """One :func:`argmax_row` per program (one per row)."""
+    if USE_PDL:
+        gdc_wait()
+    argmax_row(tl.program_id(0), best_val_ptr, best_idx_ptr, out_ptr, n_tiles, BLOCK)
 
 
 @dataclass

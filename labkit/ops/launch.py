@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
+INTERPRET_CONSTEXPR: tl.constexpr = tl.constexpr(INTERPRET)  # for jit code that differs in the interpreter
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -188,29 +189,32 @@ def arrive(counter_ptr, expected):
 
 
 @device_function
-def signal(counter_ptr):
-    """Count this program's finished work in at ``*counter_ptr`` (for :func:`wait_until`).
-
-    The barrier puts every thread's stores ahead of the increment and the release atomic (one
-    thread, at GPU scope) publishes them, as :func:`arrive` does; unlike it, the counter only
-    grows: whoever waits knows how many arrivals to expect, and the one who resets it knows that
-    nobody waits any more."""
-    tl.debug_barrier()
-    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+def load_acquire(ptr):
+    """``*ptr`` (int32) as an acquire load at GPU scope, by every thread: what any program wrote before
+    releasing the value it reads is visible to this thread's later loads. (``tl.atomic_add(ptr, 0,
+    sem="acquire")`` would do, but Triton 3.6 drops an atomic whose result is unused; in the
+    interpreter, where programs run one after another, a plain load.)"""
+    if INTERPRET_CONSTEXPR:
+        return tl.load(ptr, volatile=True)
+    else:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=False, pack=1)
 
 
 @device_function
 def wait_until(counter_ptr, target):
-    """Spin until ``*counter_ptr >= target``: the producers of what comes next have :func:`signal`-ed.
+    """Spin until ``*counter_ptr >= target``: the producers of what comes next have counted themselves in
+    (a barrier, then a release atomic add, as :func:`arrive` does; the counter only grows until its
+    owner resets it).
 
-    The poll is a volatile load (served by L2, no atomic traffic while it spins); one acquire
-    atomic once it succeeds orders this program's later reads after the producers' writes, and
-    the barrier holds every thread until then. Another program must be resident to produce, so a
-    grid that waits on itself must fit on the GPU at once (the persistent kernel sizes its grid so).
+    Every thread polls with an acquire load (:func:`load_acquire`), served by L2 with no atomic
+    traffic, so each thread's later reads see the producers' writes; the barrier then lets the
+    program go on together. Another program must be resident to produce, so a grid that waits on
+    itself must fit on the GPU at once (the persistent kernel sizes its grid so).
     """
-    while tl.load(counter_ptr, volatile=True) < target:
-        pass
-    tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    if target > 0:  # 0: nothing to wait for (a program's later tiles of an instruction)
+        while load_acquire(counter_ptr) < target:
+            pass
     tl.debug_barrier()
 
 

@@ -26,7 +26,12 @@ Kernels and settings (names are the parameters of the function that takes them):
 - ``chunk_delta_rule``: the launch settings of :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`
   (``block_v``, ``num_warps``, ``num_stages`` of the walk; ``prepare_warps``; ``output_block_v``,
   ``output_warps`` of the deferred outputs; ``single_block_v``, ``single_warps`` of the
-  single-chunk kernel), each as its keyword argument of that name takes it.
+  single-chunk kernel), each as its keyword argument of that name takes it;
+- ``persistent_decode``: ``programs_per_sm`` (the grid: that many resident programs on every SM),
+  ``num_warps``, ``max_registers`` (ptxas's cap per thread), ``num_stages`` (the ``tl.dot``
+  loop's pipeline past batch 1: its shared memory counts against residency), ``block_k`` (the projections' K tile), ``min_block_n`` / ``max_block_n`` (the
+  bounds of each projection's output tile: the largest power of two that still deals every
+  program a tile, :func:`labkit.decode.step_program.block_n`). No GPU has measured values yet.
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
                          "single_block_v": (128, _pow2), "single_warps": (4, _pow2)},
+    # Not measured yet: a first guess that compiles clean for sm_90 (python -m labkit compile-check
+    # --persistent): 2 programs of 8 warps per SM, capped at 128 registers so that both fit (the
+    # attention tile alone would take 186); 512-wide K tiles divide every reduction of both presets;
+    # output tiles of 4 to 8 rows at batch 1 give every program work and keep the GEMV's lanes in registers.
+    "persistent_decode": {"programs_per_sm": (2, _positive), "num_warps": (8, _pow2), "max_registers": (128, _positive),
+                          "num_stages": (2, _positive),
+                          "block_k": (512, _pow2), "min_block_n": (4, _pow2), "max_block_n": (8, _pow2)},
 }
 KERNELS = tuple(SPECS)
 HEURISTICS: Mapping[str, Mapping[str, Any]] = MappingProxyType(

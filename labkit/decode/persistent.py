@@ -1,0 +1,114 @@
+"""The ``"persistent"`` rung: the whole decode step as one kernel of resident programs.
+
+The fused rungs launch one kernel per fused op, 74 to 97 per step, and each kernel boundary costs
+about 2 µs beyond the bytes it moves (notebook 04). This rung launches one: the step's
+instructions (:mod:`labkit.decode.step_program`, built once per plan and cache from the same
+:class:`~labkit.decode.plan.StepPlan` as ``"fused"``) are walked by a grid of resident programs
+that wait on counters in global memory instead of kernel boundaries
+(:mod:`labkit.ops.persistent_decode`). On a CUDA GPU the launch is captured in a CUDA graph with
+the length increment folded in, so a step is one graph node; in Triton's interpreter it runs
+eagerly, with one program. The prefill is ``"fused"``'s.
+
+Settings (``tuning.settings("persistent_decode")``): programs per SM, warps, the projections' K
+tile and the bounds of their output tiles. The grid is checked against what fits on the GPU at
+once (a program that is not resident would make every other wait for ever).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import graphs
+from .fused import FusedDecoder
+from .plan import StepPlan
+from .step_program import StepProgram, build_step_program
+from .. import tuning
+from ..cache import HybridCache
+from ..model import HybridLM
+
+
+class PersistentDecoder(FusedDecoder):
+    """One kernel per decode step for a :class:`~labkit.model.HybridLM` over a :class:`~labkit.cache.HybridCache`."""
+
+    def __init__(self, model: HybridLM, cache: HybridCache) -> None:
+        from ..ops import persistent_decode
+
+        self._persistent = persistent_decode
+        self.settings = dict(tuning.settings("persistent_decode", model.device))
+        self._programs: dict[bool, tuple[StepPlan, StepProgram, Any, Any, torch.Tensor]] = {}
+        super().__init__(model, cache, graph=graphs.GRAPHS.available(model.device), pdl=False)
+
+    def _grid(self) -> int:
+        if self.model.device.type != "cuda":
+            return 1
+        return self._persistent.resident_programs(self.settings["programs_per_sm"])
+
+    def _program(self, plan: StepPlan, greedy: bool) -> tuple[StepPlan, StepProgram, Any, Any, torch.Tensor]:
+        """The encoded program of ``plan`` (built on first use after each refresh)."""
+        built = self._programs.get(greedy)
+        if built is not None and built[0] is plan:
+            return built
+        ops, cache, device = self._persistent, self.cache, self.model.device
+        programs = self._grid()
+        prog, shapes = build_step_program(plan, cache, programs=programs, greedy=greedy, settings=self.settings)
+        table = ops.encode(prog.instructions, programs, device)
+        head = prog.instructions[-1].tiles
+        buffers = ops.StepBuffers(
+            tokens=plan.tokens, lengths=cache.lengths, next_tokens=plan.next_tokens,
+            best_val=torch.empty(cache.batch_size, head, dtype=torch.float32, device=device),
+            best_idx=torch.empty(cache.batch_size, head, dtype=torch.int32, device=device),
+            counters=torch.zeros(len(prog.instructions), dtype=torch.int32, device=device),
+            attn_ws=plan.attn_ws, gdn_ws=plan.gdn_ws,
+        )
+        if device.type == "cuda":
+            # both launches a graph rung makes (the eager warm-up, the captured step that advances
+            # lengths) compiled and loaded now: nothing is compiled inside a capture
+            kernels = [ops.precompile(table, buffers, shapes, greedy=greedy, advance=advance, **self._launch_settings())
+                       for advance in (False, True)]
+            fit = min(ops.resident_per_sm(k, device) for k in kernels)
+            if fit < self.settings["programs_per_sm"]:
+                raise RuntimeError(
+                    f"the persistent step needs {self.settings['programs_per_sm']} resident programs per SM and its "
+                    f"compiled kernel fits {fit}: lower programs_per_sm, num_warps or max_registers in the tuning file's "
+                    "persistent_decode settings")
+        self._programs[greedy] = built = (plan, prog, shapes, buffers, table)
+        return built
+
+    def _launch_step(self, plan: StepPlan, greedy: bool, advance: bool) -> None:
+        _, _, shapes, buffers, table = self._program(plan, greedy)
+        self._persistent.launch_persistent_step(table, buffers, shapes, programs=self._grid(), greedy=greedy,
+                                                advance=advance, **self._launch_settings())
+
+    def _launch_settings(self) -> dict[str, int]:
+        return {k: self.settings[k] for k in ("num_warps", "max_registers", "num_stages")}
+
+    def _forward(self, plan: StepPlan, greedy: bool) -> None:
+        self._launch_step(plan, greedy, advance=False)
+
+    @torch.no_grad()
+    def _capture(self, greedy: bool) -> Any:
+        """The step in a graph, with the length increment inside the kernel (one node per step)."""
+        cache, plan = self.cache, self.plan
+        return graphs.capture(lambda: self._launch_step(plan, greedy, advance=False),
+                              [*cache.conv_states.values(), *cache.recurrent_states.values()], self.model.device,
+                              lambda: self._launch_step(plan, greedy, advance=True))
+
+    def step_program(self, greedy: bool = True) -> StepProgram:
+        """The instruction list the kernel walks (for the notebook and the tests)."""
+        if self.plan is None:
+            raise RuntimeError("this decoder has no valid plan; prefill again")
+        return self._program(self.plan, greedy)[1]
+
+
+def persistent_decoder(model: HybridLM, cache: HybridCache) -> PersistentDecoder:
+    """A PersistentDecoder for (model, cache), reused while the cache lives (see :func:`labkit.decode.fused.fused_decoder`)."""
+    key = ("labkit.decode.persistent", id(model))
+    decoder = cache.attachments.get(key)
+    if isinstance(decoder, PersistentDecoder) and decoder.model is model:
+        decoder.refresh()
+        return decoder
+    decoder = PersistentDecoder(model, cache)
+    cache.attachments[key] = decoder
+    return decoder
