@@ -160,3 +160,18 @@ def test_output_tiles_deal_every_program_work():
     assert block_n(4608, 264, batch=1, min_block_n=4, max_block_n=8) == 8  # 576 tiles
     assert block_n(1024, 264, batch=16, min_block_n=4, max_block_n=32) == 16  # tl.dot needs 16 columns
     assert block_n(248320, 264, batch=1, min_block_n=4, max_block_n=32) == 32
+
+
+def test_a_replaced_weight_rebuilds_the_program():
+    """The table holds the weights' addresses: a refresh after a weight is replaced must rebuild it."""
+    model, ids, ref = _prefilled("tiny-lfm2", 1)
+    dec = PersistentDecoder(model, model.new_cache(1, 40))
+    old = dec.step_program()
+    down = model.layers[1].mlp.down
+    model.layers[1].mlp.down = torch.nn.Parameter(down.detach() * 1.5)
+    dec.prefill(ids)  # every prefill refreshes the plan
+    ref = ReferenceDecoder(model, model.new_cache(1, 40))
+    ref.prefill(ids)
+    token = torch.tensor([3])
+    assert dec.step_program() is not old
+    assert rel_err(dec.step(token), ref.step(token)) < 1e-5

@@ -54,7 +54,8 @@ def model(request):
 
 
 @pytest.mark.parametrize(
-    "backend,length", [("reference", 5), ("reference", 19), ("reference", 33), ("fused", 19), ("fused+graph", 33)]
+    "backend,length", [("reference", 5), ("reference", 19), ("reference", 33), ("fused", 19), ("fused+graph", 33),
+                       ("persistent", 19)]
 )
 def test_a_hit_is_exact(model, backend, length):
     if backend == "fused+graph" and DEVICE != "cuda":
