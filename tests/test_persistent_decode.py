@@ -175,3 +175,10 @@ def test_a_replaced_weight_rebuilds_the_program():
     token = torch.tensor([3])
     assert dec.step_program() is not old
     assert rel_err(dec.step(token), ref.step(token)) < 1e-5
+
+
+def test_the_timeline_needs_a_gpu():
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=0)
+    dec = PersistentDecoder(model, model.new_cache(1, 16))
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        dec.timeline(torch.tensor([1]))

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops.plain_gemv import _globaltimer
+from ..ops.launch import globaltimer
 
 ROW = 32  # int32 per row: 128 bytes, one cache line
 STRIDE_ROWS = 33  # the stride pattern's step: odd, so it cycles through a power-of-two table
@@ -48,7 +48,7 @@ def _chase_kernel(table_ptr, desc, out_ptr, stamps_ptr, start, steps, ROW: tl.co
     ns before the first and after the last load (each load waits for the one before it)."""
     row = start
     if STAMPS:
-        t0 = _globaltimer()
+        t0 = globaltimer()
     for _ in range(steps):
         if DESCRIPTOR:
             tile = desc.load([row, 0])  # [1, ROW]: the row's 128 bytes, one TMA copy
@@ -57,7 +57,7 @@ def _chase_kernel(table_ptr, desc, out_ptr, stamps_ptr, start, steps, ROW: tl.co
             row = tl.load(table_ptr + row.to(tl.int64) * ROW)
     tl.store(out_ptr, row)
     if STAMPS:
-        t1 = _globaltimer()
+        t1 = globaltimer()
         tl.store(stamps_ptr, t0)
         tl.store(stamps_ptr + 1, t1)
 

@@ -81,6 +81,28 @@ class PersistentDecoder(FusedDecoder):
         self._persistent.launch_persistent_step(table, buffers, shapes, programs=self._grid(), greedy=greedy,
                                                 advance=advance, **self._launch_settings())
 
+    @torch.no_grad()
+    def timeline(self, tokens: torch.Tensor, *, greedy: bool = True) -> tuple[StepProgram, torch.Tensor]:
+        """One eager step (CUDA only; the cache advances by one, as by :meth:`step_greedy`) with each
+        program's (start, end) of every instruction stamped on the device: ``(program, stamps)``,
+        stamps int64 [programs, instructions, 2] in nanoseconds from the earliest start, -1 where a
+        program had no tile of an instruction. (A first call compiles the stamping variant before
+        it launches: the stamps see only the device's work.)"""
+        if self.model.device.type != "cuda":
+            raise RuntimeError("the timeline reads the GPU's global timer: it needs a model on a CUDA GPU")
+        plan = self.plan
+        if plan is None or self._weights is None:
+            raise RuntimeError("this decoder has no valid plan; prefill again")
+        _, prog, shapes, buffers, table = self._program(plan, greedy)
+        stamps = torch.full((self._grid(), table.shape[0], 2), -1, dtype=torch.int64, device=self.model.device)
+        self.cache.check_room(self.cache.batch_size, 1)
+        plan.tokens.copy_(tokens)
+        self._persistent.launch_persistent_step(table, buffers, shapes, programs=self._grid(), greedy=greedy,
+                                                advance=False, stamps=stamps, **self._launch_settings())
+        self.cache.advance(1)
+        t0 = stamps[stamps >= 0].min()
+        return prog, torch.where(stamps >= 0, stamps - t0, stamps)
+
     def _launch_settings(self) -> dict[str, int]:
         return {k: self.settings[k] for k in ("num_warps", "max_registers", "num_stages")}
 

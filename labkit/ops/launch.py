@@ -218,6 +218,13 @@ def wait_until(counter_ptr, target):
     tl.debug_barrier()
 
 
+@triton.jit
+def globaltimer():
+    """The GPU's global nanosecond timer (PTX %globaltimer; coarse, but one clock for all SMs). Not in
+    the interpreter, which runs no PTX."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
 def interpreter_flags(dtype: torch.dtype) -> dict[str, bool]:
     """The constexpr flags every kernel takes (see the module notes)."""
     return {

@@ -43,7 +43,7 @@ from .attention_decode import attention_tile
 from .gated_delta_decode import gdn_tile
 from .greedy_head import argmax_row
 from .launch import (
-    TORCH_TO_TL, device_function, interpreter_flags, interpreting, load_acquire, next_pow2, num_sms, wait_until,
+    TORCH_TO_TL, device_function, globaltimer, interpreter_flags, interpreting, load_acquire, next_pow2, num_sms, wait_until,
 )
 from .linear import linear_tile
 
@@ -202,7 +202,7 @@ def _linear_op(t, need, wait_ptr, row, n, k, B, eps, best_val_ptr, best_idx_ptr,
 @triton.jit
 def _persistent_step_kernel(
     prog_ptr, counters_ptr, n_instr, tokens_ptr, lengths_ptr, next_ptr, best_val_ptr, best_idx_ptr,
-    attn_count_ptr, attn_part_ptr, attn_ml_ptr, gdn_qk_ptr, gdn_o_ptr, gdn_part_ptr,
+    attn_count_ptr, attn_part_ptr, attn_ml_ptr, gdn_qk_ptr, gdn_o_ptr, gdn_part_ptr, stamps_ptr,
     B, H, max_len, eps, attn_scale, q_scale, P_ATTN, P_GDN, GDN_C, n_splits, n_vb, head_tiles,
     DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_ROW: tl.constexpr,
     BN_CONV: tl.constexpr, BN_IN: tl.constexpr, BN_OUT: tl.constexpr, BN_UP: tl.constexpr, BN_HEAD: tl.constexpr,
@@ -213,9 +213,11 @@ def _persistent_step_kernel(
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr, SHARED_QK: tl.constexpr,
     SPLIT_V: tl.constexpr,
     HAS_CONV: tl.constexpr, HAS_ATTN: tl.constexpr, HAS_GDN: tl.constexpr, GREEDY: tl.constexpr,
-    ADVANCE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    ADVANCE: tl.constexpr, STAMPS: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
-    """Grid (G,), every program resident; see the module docstring for the schedule."""
+    """Grid (G,), every program resident; see the module docstring for the schedule. STAMPS: each
+    program also writes (start, end) global-timer nanoseconds of its part of every instruction at
+    stamps[pid, i] (its first tile's wait included; untouched where it had no tile)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     for i in range(n_instr):
@@ -225,6 +227,8 @@ def _persistent_step_kernel(
         first = tl.load(row + 2).to(tl.int32)
         t0 = (pid + G - first) % G  # this program's first tile of the instruction
         if t0 < tiles:
+            if STAMPS:
+                t_start = globaltimer()
             wait_ptr = counters_ptr + tl.load(row + 3)
             target = tl.load(row + 4).to(tl.int32)
             n = tl.load(row + 5).to(tl.int32)
@@ -283,6 +287,10 @@ def _persistent_step_kernel(
                             DT, DOT_F32, EMULATE_RTNE, False, False, True,
                         )
             done = (tiles - t0 + G - 1) // G
+            if STAMPS:  # the end is taken before the count: no tile that waits for these can end earlier
+                stamp = stamps_ptr + (pid * n_instr + i) * 2
+                tl.store(stamp, t_start)
+                tl.store(stamp + 1, globaltimer())
             tl.debug_barrier()  # every thread's stores of these tiles come before the count
             seen = tl.atomic_add(counters_ptr + i, done, sem="acq_rel", scope="gpu")
             if i == n_instr - 1:
@@ -302,7 +310,8 @@ def _persistent_step_kernel(
 
 
 def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, greedy: bool, advance: bool,
-                 num_warps: int, max_registers: int = 0, num_stages: int = 2) -> tuple[tuple, dict]:
+                 num_warps: int, max_registers: int = 0, num_stages: int = 2,
+                 stamps: torch.Tensor | None = None) -> tuple[tuple, dict]:
     attn, gdn = shapes.attention, shapes.gdn
     aws, gws, dummy = buffers.attn_ws, buffers.gdn_ws, buffers.counters
     B = shapes.batch
@@ -313,7 +322,7 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
         aws.counters if aws is not None else dummy, aws.partials if aws is not None else dummy,
         aws.max_sum if aws is not None else dummy,
         gws.qk_counters if gws is not None else dummy, gws.o_counters if gws is not None else dummy,
-        gws.o_partials if gws is not None else dummy,
+        gws.o_partials if gws is not None else dummy, dummy if stamps is None else stamps,
         B, shapes.hidden, attn.get("max_len", 1), shapes.eps, attn.get("scale", 1.0), gdn.get("q_scale", 1.0),
         attn.get("proj_dim", 1), gdn.get("proj_dim", 1), gdn.get("conv_dim", 1), attn.get("n_splits", 1),
         gdn.get("n_vb", 1), shapes.head_tiles,
@@ -332,7 +341,7 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
         BLOCK_DK=gdn.get("block_dk", 16), BLOCK_DV=gdn.get("block_dv", 16), BLOCK_V=gdn.get("block_v", 16),
         SHARED_QK=gdn.get("shared_qk", False), SPLIT_V=gdn.get("split_v", False),
         HAS_CONV=shapes.conv_kernel > 1, HAS_ATTN=bool(attn), HAS_GDN=bool(gdn), GREEDY=bool(greedy),
-        ADVANCE=bool(advance), **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
+        ADVANCE=bool(advance), STAMPS=stamps is not None, **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     if max_registers and not interpreting():
         kwargs["maxnreg"] = max_registers  # ptxas's cap: the heaviest tile (attention) sets the whole kernel's
@@ -341,11 +350,18 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
 
 def launch_persistent_step(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, programs: int,
                            greedy: bool, advance: bool, num_warps: int = 4, max_registers: int = 0,
-                           num_stages: int = 2) -> None:
+                           num_stages: int = 2, stamps: torch.Tensor | None = None) -> None:
     """One launch of the step over ``programs`` programs (one in the interpreter, which runs
-    programs one after another: a wait on a later program would never end)."""
+    programs one after another: a wait on a later program would never end). ``stamps``: an int64
+    [programs, instructions, 2] tensor for the per-instruction timeline (CUDA only)."""
+    if stamps is not None:
+        if interpreting():
+            raise RuntimeError("the persistent step's timeline reads the GPU's global timer: it needs a CUDA GPU")
+        if stamps.dtype != torch.int64 or tuple(stamps.shape) != (programs, table.shape[0], 2):
+            raise ValueError(f"stamps must be int64 [{programs}, {table.shape[0]}, 2], got {stamps.dtype} "
+                             f"{list(stamps.shape)}")
     args, kwargs = _launch_args(table, buffers, shapes, greedy=greedy, advance=advance, num_warps=num_warps,
-                                max_registers=max_registers, num_stages=num_stages)
+                                max_registers=max_registers, num_stages=num_stages, stamps=stamps)
     _persistent_step_kernel[(1 if interpreting() else programs,)](*args, **kwargs)
 
 

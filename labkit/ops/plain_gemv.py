@@ -21,15 +21,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .launch import FLOAT_DTYPES, TORCH_TO_TL, cdiv, check_devices, check_tensor, interpreter_flags
+from .launch import FLOAT_DTYPES, TORCH_TO_TL, cdiv, check_devices, check_tensor, globaltimer, interpreter_flags
 
 STYLES = ("pointer", "descriptor")
-
-
-@triton.jit
-def _globaltimer():
-    """The GPU's global nanosecond timer (PTX %globaltimer; coarse, but one clock for all SMs)."""
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -40,7 +34,7 @@ def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, stamps_ptr, N, K,
     """y[n] = sum_k W[n, k] x[k] for the BLOCK_N rows n of this program (float32 accumulation).
     STAMPS: also write (start, after the wait, end) global-timer nanoseconds per program."""
     if STAMPS:
-        t_start = _globaltimer()
+        t_start = globaltimer()
     n0 = tl.program_id(0) * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -55,7 +49,7 @@ def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, stamps_ptr, N, K,
         gdc_launch_dependents()
         gdc_wait()
     if STAMPS:
-        t_wait = _globaltimer()
+        t_wait = globaltimer()
     xv = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     lanes = w_first.to(tl.float32) * xv[None, :]
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=NUM_STAGES):
@@ -68,7 +62,7 @@ def _plain_gemv_kernel(x_ptr, w_ptr, w_desc, y_ptr, stamps_ptr, N, K,
         lanes += wt.to(tl.float32) * xv[None, :]
     tl.store(y_ptr + offs_n, tl.sum(lanes, axis=1).to(OUT_DTYPE), mask=n_mask)
     if STAMPS:
-        t_end = _globaltimer()
+        t_end = globaltimer()
         base = stamps_ptr + tl.program_id(0) * 3
         tl.store(base, t_start)
         tl.store(base + 1, t_wait)
