@@ -88,3 +88,10 @@ def test_tma_alignment_views_start_where_asked():
 def test_tma_alignment_says_it_needs_a_gpu(tmp_path, capsys):
     assert main(["bench", "tma-alignment", "--data-dir", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out and not list(tmp_path.rglob("*.json"))
+
+
+def test_the_persistent_timeline_needs_a_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/gpu/test_gpu_persistent.py stamps a step there")
+    assert main(["bench", "persistent-timeline", "--data-dir", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out and not list(tmp_path.iterdir())

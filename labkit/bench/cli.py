@@ -164,6 +164,7 @@ OWN_PARSERS = {
     "hit-timeline": ("labkit.bench.prefix_hit", ("hit-timeline",)),  # a prefix-cache hit: clock vs GPU time
     "hit-host": ("labkit.bench.prefix_hit", ("hit-host",)),  # a prefix-cache hit's host side, piece by piece
     "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
+    "persistent-timeline": ("labkit.bench.persistent_timeline", ()),  # one persistent step, stamped on the device
 }
 
 

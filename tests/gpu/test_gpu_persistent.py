@@ -96,3 +96,16 @@ def test_the_timeline_stamps_every_instruction_in_dependency_order(real_model, p
     assert (first_end[1:] >= last_end[:-1]).all()
     span_us = (stamps[..., 1].max() - stamps[..., 0][ran].min()).item() / 1e3
     print(f"\n{preset}: {len(prog.instructions)} instructions in {span_us:.1f} µs on the device")
+
+
+def test_the_timeline_bench_writes_its_results(tmp_path):
+    import json
+
+    from labkit.__main__ import main
+
+    argv = ["bench", "persistent-timeline", "--model", "lfm2-350m", "--repeats", "3", "--data-dir", str(tmp_path)]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob("*/persistent-timeline.json")
+    doc = json.loads(path.read_text())
+    assert doc["tokens_per_s"] > 0 and len(doc["rows"]) == doc["instructions"]
+    assert sum(r["weight_bytes"] for r in doc["rows"]) > 0.9 * 2 * 354e6  # every weight streamed once (bf16)
