@@ -30,8 +30,12 @@ def _instruction_rows(prog, stamps: torch.Tensor, copy_bytes_per_s: float) -> li
         s = stamps[:, i]
         ran = s[:, 0] >= 0
         starts, ends = s[ran, 0].double(), s[ran, 1].double()
-        streamed = sum(t.numel() * t.element_size() for n, t in zip(ARGS[ins.op], ins.args)
-                       if t is not None and n in ("w", "conv_w"))
+        if ins.op == "embed":  # B rows of the table, not the table
+            w, h = ins.args
+            streamed = ins.tiles * w.shape[1] * w.element_size()
+        else:
+            streamed = sum(t.numel() * t.element_size() for n, t in zip(ARGS[ins.op], ins.args)
+                           if t is not None and n in ("w", "conv_w"))
         rows.append({
             "instruction": name, "op": ins.op, "tiles": ins.tiles, "programs": int(ran.sum()),
             "first_start_us": starts.min().item() / 1e3, "last_end_us": ends.max().item() / 1e3,
