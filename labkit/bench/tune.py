@@ -1,5 +1,6 @@
 """``python -m labkit tune``: sweep the linear kernels' blockings on the GPU at hand and write the
-winners to the ``linear`` section of ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning`
+winners to the ``linear`` section (``--persistent``: the persistent step's settings instead,
+:mod:`labkit.bench.tune_persistent`) of ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning`
 reads at run time (the file's other sections, the TMA table and the kernels' settings, are kept).
 
 For every distinct projection of the presets' decode steps (one key per batch bucket, outputs, K,
@@ -245,7 +246,6 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     heuristic's among the candidates (first), and write them into ``out_dir/<gpu-slug>.json``; the
     time limit is shared evenly by (model, batch), and within it by key."""
     from ..lab.hw import device_facts
-    from ..ops.linear import tuning_key
     from .chain import chain_ops, groups, placement_name, sweep_key
 
     facts = device_facts(device, measure=False)
@@ -329,6 +329,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--pdl", action="store_true", help="with --chain: launch with programmatic dependent launch")
     p.add_argument("--placement", default=None,
                    help="with --chain --pdl: e.g. preload+early (default: the tuning file's, else the heuristic)")
+    p.add_argument("--persistent", action="store_true",
+                   help="choose the persistent decode step's settings instead (labkit.bench.tune_persistent), "
+                        "timed at the first of --batches")
     args = p.parse_args(argv)
     for name in args.models:
         if name not in PRESETS:
@@ -337,6 +340,13 @@ def main(argv: list[str]) -> int:
         print("labkit tune times kernels on a CUDA GPU, and there is none here "
               "(the CPU interpreter has its own fixed configuration)")
         return 2
+    if args.persistent:
+        from .tune_persistent import run as run_persistent
+
+        path, rows = run_persistent(args.models, batch=args.batches[0], out_dir=args.out_dir,
+                                    time_limit_s=args.time_limit_s, max_candidates=args.max_candidates,
+                                    command=shlex.join(["python", "-m", "labkit", "tune", *argv]))
+        return 0 if path is not None else 1
     if args.chain:
         from .chain import parse_placement
 

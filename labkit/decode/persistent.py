@@ -16,7 +16,7 @@ once (a program that is not resident would make every other wait for ever).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -32,11 +32,16 @@ from ..model import HybridLM
 class PersistentDecoder(FusedDecoder):
     """One kernel per decode step for a :class:`~labkit.model.HybridLM` over a :class:`~labkit.cache.HybridCache`."""
 
-    def __init__(self, model: HybridLM, cache: HybridCache) -> None:
+    def __init__(self, model: HybridLM, cache: HybridCache, *, settings: Mapping[str, Any] | None = None) -> None:
+        """``settings``: values over the tuning file's ``persistent_decode`` settings (a tuner's candidate)."""
         from ..ops import persistent_decode
 
         self._persistent = persistent_decode
         self.settings = dict(tuning.settings("persistent_decode", model.device))
+        unknown = set(settings or {}) - set(self.settings)
+        if unknown:
+            raise ValueError(f"unknown persistent_decode settings {sorted(unknown)}; known: {sorted(self.settings)}")
+        self.settings.update(settings or {})
         self._programs: dict[bool, tuple[StepPlan, StepProgram, Any, Any, torch.Tensor]] = {}
         super().__init__(model, cache, graph=graphs.GRAPHS.available(model.device), pdl=False)
 
