@@ -140,17 +140,19 @@ def test_the_table_refuses_what_the_kernel_cannot_read():
     x = torch.zeros(1, 32)
     good = pd.Instruction("proj_in", 2, 0, (x, w, None, torch.zeros(1, 32), None, None), n=32, k=32)
     embed = pd.Instruction("embed", 1, -1, (w, x))
-    table = pd.encode([embed, good], 4, torch.device("cpu"))
+    table = pd.encode([embed, good], 4, torch.device("cpu"), torch.float32)
     assert table.shape == (2, pd.FIELDS) and table[1, 2] == 1 and table[1, 4] == 1  # first tile, wait target
     with pytest.raises(ValueError, match="only an earlier one"):
-        pd.encode([pd.Instruction("embed", 1, 0, (w, x))], 4, torch.device("cpu"))
+        pd.encode([pd.Instruction("embed", 1, 0, (w, x))], 4, torch.device("cpu"), torch.float32)
     odd = torch.zeros(33)[1:].view(1, 32)  # 4 bytes past an aligned start
     with pytest.raises(ValueError, match="16-byte aligned"):
         pd.encode([embed, pd.Instruction("proj_in", 2, 0, (odd, w, None, x, None, None), n=32, k=32)], 4,
-                  torch.device("cpu"))
+                  torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="multiples of 16"):
         pd.encode([embed, pd.Instruction("proj_in", 2, 0, (x, w, None, x, None, None), n=32, k=24)], 4,
-                  torch.device("cpu"))
+                  torch.device("cpu"), torch.float32)
+    with pytest.raises(TypeError, match="dtype torch.bfloat16"):
+        pd.encode([embed], 4, torch.device("cpu"), torch.bfloat16)  # a float32 table in a bf16 step
     with pytest.raises(ValueError, match="takes"):
         pd.Instruction("attention", 1, -1, (x,))
 

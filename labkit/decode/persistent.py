@@ -58,7 +58,7 @@ class PersistentDecoder(FusedDecoder):
         ops, cache, device = self._persistent, self.cache, self.model.device
         programs = self._grid()
         prog, shapes = build_step_program(plan, cache, programs=programs, greedy=greedy, settings=self.settings)
-        table = ops.encode(prog.instructions, programs, device)
+        table = ops.encode(prog.instructions, programs, device, shapes.dtype)
         head = prog.instructions[-1].tiles
         buffers = ops.StepBuffers(
             tokens=plan.tokens, lengths=cache.lengths, next_tokens=plan.next_tokens,

@@ -97,8 +97,13 @@ class Instruction:
             raise ValueError(f"an instruction needs at least one tile, got {self.tiles}")
 
 
-def encode(instructions: Sequence[Instruction], programs: int, device: torch.device) -> torch.Tensor:
-    """The instruction table [len, FIELDS] (int64) that the kernel walks, for a grid of ``programs``."""
+FLOAT32_ARGS = {("attention", "inv_freq"), ("gdn", "state")}  # the rest are the model's dtype
+
+
+def encode(instructions: Sequence[Instruction], programs: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The instruction table [len, FIELDS] (int64) that the kernel walks, for a grid of ``programs``
+    over a model of ``dtype``. The kernel reads each address as a pointer of the type the op
+    expects, so every tensor is checked here: device, layout, alignment and dtype."""
     rows, first = [], 0
     for i, ins in enumerate(instructions):
         if not -1 <= ins.wait < i:
@@ -106,9 +111,14 @@ def encode(instructions: Sequence[Instruction], programs: int, device: torch.dev
         wait, target = (0, 0) if ins.wait < 0 else (ins.wait, instructions[ins.wait].tiles)
         ptrs = [0 if t is None else t.data_ptr() for t in ins.args]
         for name, t in zip(ARGS[ins.op], ins.args):
-            if t is not None and (t.device != device or not t.is_contiguous() or t.data_ptr() % 16):
+            if t is None:
+                continue
+            if t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
                 raise ValueError(f"instruction {i} ({ins.op}): {name} must be a contiguous, 16-byte aligned tensor "
                                  f"on {device}")
+            want = torch.float32 if (ins.op, name) in FLOAT32_ARGS else dtype
+            if t.dtype != want:
+                raise TypeError(f"instruction {i} ({ins.op}): {name} must have dtype {want}, got {t.dtype}")
         if ins.op in LINEAR_OPS and (ins.k % 16 or (ins.op in ("conv_in", "gate_up") and ins.n % 16)):
             raise ValueError(f"instruction {i} ({ins.op}): the persistent step needs K (and N of stacked row "
                              f"blocks) to be multiples of 16, got N={ins.n}, K={ins.k}")
