@@ -184,3 +184,15 @@ def test_the_timeline_needs_a_gpu():
     dec = PersistentDecoder(model, model.new_cache(1, 16))
     with pytest.raises(RuntimeError, match="CUDA GPU"):
         dec.timeline(torch.tensor([1]))
+
+
+def test_projections_the_fused_rung_sends_to_cublas_are_this_kernels_tiles(monkeypatch):
+    """At batch 16 the H200's tuning file sends some projections through cuBLAS; the persistent step
+    has no such dispatch: it runs its own tiles for every projection."""
+    from labkit import tuning
+
+    monkeypatch.setattr(tuning, "linear_impl", lambda *a, **k: "torch")
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=0)
+    prog, _, plan, _ = _program(model, 3, greedy=True)
+    assert plan.layers[0].out_proj.impl == "torch"
+    assert [ins.op for ins in prog.instructions].count("residual") == 2 * len(model.layers)
