@@ -11,6 +11,7 @@ from conftest import random_prompt, rel_err
 from labkit.decode.plan import build_step_plan
 from labkit.decode.persistent import PersistentDecoder
 from labkit.decode.reference import ReferenceDecoder
+from labkit.decode import step_program
 from labkit.decode.step_program import block_n, build_step_program, check_waits, execute
 from labkit.ops import persistent_decode as pd
 
@@ -96,7 +97,10 @@ def test_the_python_executor_gives_the_reference_step(preset, batch):
 
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("batch", [1, 3])
-def test_the_persistent_step_matches_the_reference(preset, batch):
+def test_the_persistent_step_matches_the_reference(preset, batch, monkeypatch):
+    # narrow tiles, so that one program runs many tiles of each projection (a wide interpreter tile
+    # would cover a tiny model's outputs at once)
+    monkeypatch.setattr(step_program, "INTERPRETER_BLOCK_N", 16)
     model, ids, ref = _prefilled(preset, batch)
     dec = PersistentDecoder(model, model.new_cache(batch, 40))
     dec.prefill(ids)
@@ -112,6 +116,7 @@ def test_the_persistent_step_matches_the_reference(preset, batch):
             assert rel_err(dec.step(tokens), want) < 1e-5, step
         tokens = want.argmax(-1)
     assert dec.cache.lengths.tolist() == ref.cache.lengths.tolist()
+    assert max(ins.tiles for ins in dec.step_program().instructions if ins.op == "gate_up") > 1
 
 
 def test_generate_runs_the_persistent_rung_like_the_reference():

@@ -36,8 +36,11 @@ from .plan import AttentionLayerPlan, ConvLayerPlan, GdnLayerPlan, LinearPlan, S
 from .. import tuning
 from ..cache import HybridCache
 from ..ops.attention_decode import attention_chunk
-from ..ops.launch import cdiv, next_pow2
+from ..ops.launch import cdiv, interpreting, next_pow2
 from ..ops.persistent_decode import ARGS, Instruction, StepShapes
+
+
+INTERPRETER_BLOCK_N = 256  # output tile in Triton's interpreter, where one program runs the whole step
 
 
 @dataclass
@@ -79,6 +82,8 @@ def build_step_program(plan: StepPlan, cache: HybridCache, *, programs: int, gre
     prog = StepProgram()
 
     def bn(n: int) -> int:
+        if interpreting():  # one program runs every tile in order: fewer, wider tiles (no registers to spare)
+            return max(16 if B > 1 else 1, min(INTERPRETER_BLOCK_N, next_pow2(n)))
         return block_n(n, programs, batch=B, min_block_n=s["min_block_n"], max_block_n=s["max_block_n"])
 
     sizes: dict[str, int] = {}
@@ -138,11 +143,12 @@ def build_step_program(plan: StepPlan, cache: HybridCache, *, programs: int, gre
         linear("head.logits", "head_logits", plan.head, plan.h, plan.logits, last, {"h"}, {"logits"})
 
     ks = {ins.k for ins in prog.instructions if ins.k}
+    block_k = max(s["block_k"], min(4096, next_pow2(max(ks)))) if interpreting() else s["block_k"]
     shapes = StepShapes(
         batch=B, hidden=H, dtype=plan.h.dtype, eps=plan.eps, unit_offset=plan.unit_offset,
         conv_kernel=cfg.conv_kernel if "conv" in cfg.layer_types else 1,
-        head_tiles=prog.instructions[-1].tiles, block_n=sizes, block_k=s["block_k"],
-        even_k=all(k % s["block_k"] == 0 for k in ks),
+        head_tiles=prog.instructions[-1].tiles, block_n=sizes, block_k=block_k,
+        even_k=all(k % block_k == 0 for k in ks),
     )
     if plan.attn_dims is not None:
         d = plan.attn_dims
