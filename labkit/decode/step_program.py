@@ -35,7 +35,7 @@ import torch
 from .plan import AttentionLayerPlan, ConvLayerPlan, GdnLayerPlan, LinearPlan, StepPlan
 from .. import tuning
 from ..cache import HybridCache
-from ..ops.attention_decode import attention_chunk
+from ..ops import attention_decode, gated_delta_decode
 from ..ops.launch import cdiv, interpreting, next_pow2
 from ..ops.persistent_decode import ARGS, Instruction, StepShapes
 
@@ -152,24 +152,17 @@ def build_step_program(plan: StepPlan, cache: HybridCache, *, programs: int, gre
     )
     if plan.attn_dims is not None:
         d = plan.attn_dims
+        chunk = plan.attn_args["chunk"]
         shapes.attention = dict(
-            max_len=cache.max_len, scale=d.head_dim ** -0.5, proj_dim=d.proj_dim,
-            n_splits=cdiv(cache.max_len, plan.attn_args["chunk"]), num_heads=d.num_heads,
-            num_kv_heads=d.num_kv_heads, head_dim=d.head_dim, rotary_dim=d.rotary_dim, gate=d.output_gate,
-            g_pad=max(16, next_pow2(d.group)), hd_pad=max(16, next_pow2(d.head_dim)),
-            chunk=plan.attn_args["chunk"], block_s=attention_chunk(cache.max_len, d.head_dim)[1],
+            max_len=cache.max_len, scale=d.head_dim ** -0.5, proj_dim=d.proj_dim, n_splits=cdiv(cache.max_len, chunk),
+            sizes=attention_decode.tile_sizes(d, chunk, attention_decode.attention_chunk(cache.max_len, d.head_dim)[1]),
         )
     if plan.gdn_dims is not None:
         d = plan.gdn_dims
         block_v = plan.gdn_args["block_v"]
-        n_vb = cdiv(d.v_head_dim, block_v)
-        group = d.num_v_heads // d.num_k_heads
         shapes.gdn = dict(
-            q_scale=d.k_head_dim ** -0.5, proj_dim=d.proj_dim, conv_dim=d.conv_dim, n_vb=n_vb,
-            num_k_heads=d.num_k_heads, num_v_heads=d.num_v_heads, k_head_dim=d.k_head_dim,
-            v_head_dim=d.v_head_dim, kw=cfg.gdn_conv_kernel, kw_pad=next_pow2(cfg.gdn_conv_kernel),
-            block_dk=next_pow2(d.k_head_dim), block_dv=next_pow2(d.v_head_dim), block_v=block_v,
-            shared_qk=group * n_vb > 1, split_v=n_vb > 1,
+            q_scale=d.k_head_dim ** -0.5, proj_dim=d.proj_dim, conv_dim=d.conv_dim, n_vb=cdiv(d.v_head_dim, block_v),
+            sizes=gated_delta_decode.tile_sizes(d, cfg.gdn_conv_kernel, block_v),
         )
     return prog, shapes
 

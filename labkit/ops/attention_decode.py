@@ -275,6 +275,13 @@ def attention_chunk(max_len: int, head_dim: int, *, min_chunk: int = 256, max_ch
     return chunk, block_s
 
 
+def tile_sizes(dims: AttentionDims, chunk: int, block_s: int) -> dict[str, object]:
+    """The constexpr sizes of :func:`attention_tile` (this module's kernel and the persistent step's)."""
+    return dict(NH=dims.num_heads, NKV=dims.num_kv_heads, HD=dims.head_dim, ROT=dims.rotary_dim,
+                GATE=dims.output_gate, G_PAD=max(16, next_pow2(dims.group)), HD_PAD=max(16, next_pow2(dims.head_dim)),
+                CHUNK=chunk, BLOCK_S=block_s)
+
+
 def attention_decode(
     proj: torch.Tensor,
     q_norm_weight: torch.Tensor,
@@ -344,9 +351,7 @@ def attention_decode(
         proj, q_norm_weight, k_norm_weight, inv_freq, keys, values, lengths, out,
         workspace.counters, workspace.partials, workspace.max_sum,
         proj.shape[1], max_len, eps, hd**-0.5,
-        NH=dims.num_heads, NKV=dims.num_kv_heads, HD=hd, ROT=dims.rotary_dim,
-        GATE=dims.output_gate, UNIT_OFFSET=bool(unit_offset),
-        G_PAD=max(16, next_pow2(dims.group)), HD_PAD=max(16, next_pow2(hd)), CHUNK=ch, BLOCK_S=bs,
+        **tile_sizes(dims, ch, bs), UNIT_OFFSET=bool(unit_offset),
         OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl), RELEASE_EARLY=bool(release_early), **interpreter_flags(dtype),
         num_warps=num_warps, num_stages=2, launch_pdl=bool(pdl),
     )

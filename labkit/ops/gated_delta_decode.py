@@ -252,6 +252,16 @@ def gdn_block_v(batch: int, dims: GdnDims, *, block_v: int = 32, narrow_block_v:
     return min(narrow_block_v, whole)
 
 
+def tile_sizes(dims: GdnDims, kw: int, block_v: int) -> dict[str, object]:
+    """The constexpr sizes of :func:`gdn_tile` (this module's kernel and the persistent step's):
+    value heads split in ``block_v`` columns, and whether programs share a key head's q/k."""
+    n_vb = cdiv(dims.v_head_dim, block_v)
+    group = dims.num_v_heads // dims.num_k_heads
+    return dict(NK=dims.num_k_heads, NV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim, KW=kw,
+                KW_PAD=next_pow2(kw), BLOCK_DK=next_pow2(dims.k_head_dim), BLOCK_DV=next_pow2(dims.v_head_dim),
+                BLOCK_V=block_v, SHARED_QK=group * n_vb > 1, SPLIT_V=n_vb > 1)
+
+
 def gdn_decode(
     proj: torch.Tensor,
     conv_state: torch.Tensor,
@@ -318,14 +328,11 @@ def gdn_decode(
     n_vb = cdiv(dims.v_head_dim, block)
     if num_warps is None:  # about 32 float32 state elements per thread: no spills at [128, 64]
         num_warps = max(4, min(16, next_pow2(dims.k_head_dim) * block // 1024))
-    group = dims.num_v_heads // dims.num_k_heads
     _gdn_decode_kernel[(bsz * dims.num_v_heads, n_vb)](
         proj, conv_state, conv_weight, A_log, dt_bias, norm_weight, state, out,
         workspace.qk_counters, workspace.o_counters, workspace.o_partials,
         proj.shape[1], dims.conv_dim, eps, dims.k_head_dim**-0.5,
-        NK=dims.num_k_heads, NV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim, KW=kw, KW_PAD=next_pow2(kw),
-        BLOCK_DK=next_pow2(dims.k_head_dim), BLOCK_DV=next_pow2(dims.v_head_dim), BLOCK_V=block,
-        SHARED_QK=group * n_vb > 1, SPLIT_V=n_vb > 1, OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl),
+        **tile_sizes(dims, kw, block), OUT_DTYPE=TORCH_TO_TL[dtype], USE_PDL=bool(pdl),
         RELEASE_EARLY=bool(release_early), **interpreter_flags(dtype), num_warps=num_warps, launch_pdl=bool(pdl),
     )
     return out

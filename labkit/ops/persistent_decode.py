@@ -142,8 +142,9 @@ class StepShapes:
     block_n: dict[str, int] = field(default_factory=dict)  # per linear op
     block_k: int = 512
     even_k: bool = False
-    attention: dict[str, Any] = field(default_factory=dict)  # attention_tile's sizes (empty: no attention)
-    gdn: dict[str, Any] = field(default_factory=dict)  # gdn_tile's sizes (empty: no GDN)
+    # per mixer (empty: the model has none): its runtime sizes, and "sizes", its tile's constexprs
+    attention: dict[str, Any] = field(default_factory=dict)
+    gdn: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -216,10 +217,10 @@ def _persistent_step_kernel(
     B, H, max_len, eps, attn_scale, q_scale, P_ATTN, P_GDN, GDN_C, n_splits, n_vb, head_tiles,
     DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_ROW: tl.constexpr,
     BN_CONV: tl.constexpr, BN_IN: tl.constexpr, BN_OUT: tl.constexpr, BN_UP: tl.constexpr, BN_HEAD: tl.constexpr,
-    UNIT_OFFSET: tl.constexpr, KW: tl.constexpr, H_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr, CONV_KW: tl.constexpr, H_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr,
     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr, GATE: tl.constexpr,
     G_PAD: tl.constexpr, HD_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
-    NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, GKW: tl.constexpr, GKW_PAD: tl.constexpr,
+    NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KW_PAD: tl.constexpr,
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr, SHARED_QK: tl.constexpr,
     SPLIT_V: tl.constexpr,
     HAS_CONV: tl.constexpr, HAS_ATTN: tl.constexpr, HAS_GDN: tl.constexpr, GREEDY: tl.constexpr,
@@ -252,7 +253,7 @@ def _persistent_step_kernel(
                 elif op == OP_CONV_IN:
                     if HAS_CONV:
                         _linear_op(t, need, wait_ptr, row, n16, k, B, eps, best_val_ptr, best_idx_ptr, counters_ptr,
-                                   head_tiles, DT, BLOCK_M, BN_CONV, BLOCK_K, 3, KW, True, UNIT_OFFSET,
+                                   head_tiles, DT, BLOCK_M, BN_CONV, BLOCK_K, 3, CONV_KW, True, UNIT_OFFSET,
                                    False, False, True, True, False, EVEN_K, WHOLE_ROW, DOT_F32, EMULATE_RTNE)
                 elif op == OP_PROJ_IN:
                     _linear_op(t, need, wait_ptr, row, n, k, B, eps, best_val_ptr, best_idx_ptr, counters_ptr,
@@ -293,7 +294,7 @@ def _persistent_step_kernel(
                             _arg(row, 0, DT), _arg(row, 1, DT), _arg(row, 2, DT), _arg(row, 3, DT),
                             _arg(row, 4, DT), _arg(row, 5, DT), _arg(row, 6, tl.float32), _arg(row, 7, DT),
                             gdn_qk_ptr, gdn_o_ptr, gdn_part_ptr, P_GDN, GDN_C, eps, q_scale,
-                            NK, NV, DK, DV, GKW, GKW_PAD, BLOCK_DK, BLOCK_DV, BLOCK_V, SHARED_QK, SPLIT_V,
+                            NK, NV, DK, DV, KW, KW_PAD, BLOCK_DK, BLOCK_DV, BLOCK_V, SHARED_QK, SPLIT_V,
                             DT, DOT_F32, EMULATE_RTNE, False, False, True,
                         )
             done = (tiles - t0 + G - 1) // G
@@ -319,6 +320,12 @@ def _persistent_step_kernel(
                         tl.store(counters_ptr + j, tl.zeros([128], dtype=tl.int32), mask=j < n_instr)
 
 
+# placeholders for a model without that mixer (its branch is compiled out: HAS_ATTN / HAS_GDN)
+NO_ATTENTION = dict(NH=1, NKV=1, HD=1, ROT=2, GATE=False, G_PAD=16, HD_PAD=16, CHUNK=16, BLOCK_S=16)
+NO_GDN = dict(NK=1, NV=1, DK=1, DV=1, KW=2, KW_PAD=2, BLOCK_DK=16, BLOCK_DV=16, BLOCK_V=16, SHARED_QK=False,
+              SPLIT_V=False)
+
+
 def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, greedy: bool, advance: bool,
                  num_warps: int, max_registers: int = 0, num_stages: int = 2,
                  stamps: torch.Tensor | None = None) -> tuple[tuple, dict]:
@@ -341,15 +348,9 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
         DT=TORCH_TO_TL[shapes.dtype], BLOCK_M=1 if B == 1 else 16, BLOCK_K=shapes.block_k, EVEN_K=shapes.even_k,
         WHOLE_ROW=shapes.hidden <= shapes.block_k,
         BN_CONV=bn["conv_in"], BN_IN=bn["proj_in"], BN_OUT=bn["residual"], BN_UP=bn["gate_up"], BN_HEAD=bn["head"],
-        UNIT_OFFSET=shapes.unit_offset, KW=shapes.conv_kernel, H_PAD=next_pow2(shapes.hidden),
+        UNIT_OFFSET=shapes.unit_offset, CONV_KW=shapes.conv_kernel, H_PAD=next_pow2(shapes.hidden),
         HEAD_BLOCK=min(4096, next_pow2(max(shapes.head_tiles, 1))),
-        NH=attn.get("num_heads", 1), NKV=attn.get("num_kv_heads", 1), HD=attn.get("head_dim", 1),
-        ROT=attn.get("rotary_dim", 2), GATE=attn.get("gate", False), G_PAD=attn.get("g_pad", 16),
-        HD_PAD=attn.get("hd_pad", 16), CHUNK=attn.get("chunk", 16), BLOCK_S=attn.get("block_s", 16),
-        NK=gdn.get("num_k_heads", 1), NV=gdn.get("num_v_heads", 1), DK=gdn.get("k_head_dim", 1),
-        DV=gdn.get("v_head_dim", 1), GKW=gdn.get("kw", 2), GKW_PAD=gdn.get("kw_pad", 2),
-        BLOCK_DK=gdn.get("block_dk", 16), BLOCK_DV=gdn.get("block_dv", 16), BLOCK_V=gdn.get("block_v", 16),
-        SHARED_QK=gdn.get("shared_qk", False), SPLIT_V=gdn.get("split_v", False),
+        **attn.get("sizes", NO_ATTENTION), **gdn.get("sizes", NO_GDN),
         HAS_CONV=shapes.conv_kernel > 1, HAS_ATTN=bool(attn), HAS_GDN=bool(gdn), GREEDY=bool(greedy),
         ADVANCE=bool(advance), STAMPS=stamps is not None, **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
     )
