@@ -40,7 +40,8 @@ def _instruction_rows(prog, stamps: torch.Tensor, copy_bytes_per_s: float) -> li
             "instruction": name, "op": ins.op, "tiles": ins.tiles, "programs": int(ran.sum()),
             "first_start_us": starts.min().item() / 1e3, "last_end_us": ends.max().item() / 1e3,
             "first_end_us": ends.min().item() / 1e3,
-            "busy_us_mean": (ends - starts).mean().item() / 1e3,
+            "last_start_us": starts.max().item() / 1e3,
+            "busy_us_mean": (ends - starts).mean().item() / 1e3, "busy_us_max": (ends - starts).max().item() / 1e3,
             "weight_bytes": streamed, "roofline_us": streamed / copy_bytes_per_s * 1e6,
         })
     return rows

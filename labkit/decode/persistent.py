@@ -64,15 +64,14 @@ class PersistentDecoder(FusedDecoder):
             tokens=plan.tokens, lengths=cache.lengths, next_tokens=plan.next_tokens,
             best_val=torch.empty(cache.batch_size, head, dtype=torch.float32, device=device),
             best_idx=torch.empty(cache.batch_size, head, dtype=torch.int32, device=device),
-            counters=torch.zeros(len(prog.instructions), dtype=torch.int32, device=device),
+            counters=torch.zeros(len(prog.instructions) * ops.COUNTER_STRIDE, dtype=torch.int32, device=device),
             attn_ws=plan.attn_ws, gdn_ws=plan.gdn_ws,
         )
         if device.type == "cuda":
             # both launches a graph rung makes (the eager warm-up, the captured step that advances
             # lengths) compiled and loaded now: nothing is compiled inside a capture
-            kernels = [ops.precompile(table, buffers, shapes, greedy=greedy, advance=advance, **self._launch_settings())
-                       for advance in (False, True)]
-            fit = min(ops.resident_per_sm(k, device) for k in kernels)
+            kernel = ops.precompile(table, buffers, shapes, greedy=greedy, **self._launch_settings())
+            fit = ops.resident_per_sm(kernel, device)
             if fit < self.settings["programs_per_sm"]:
                 raise RuntimeError(
                     f"the persistent step needs {self.settings['programs_per_sm']} resident programs per SM and its "
@@ -108,8 +107,18 @@ class PersistentDecoder(FusedDecoder):
         t0 = stamps[stamps >= 0].min()
         return prog, torch.where(stamps >= 0, stamps - t0, stamps)
 
+    def _prefetch_tiles(self) -> int:
+        """How many tiles ahead each program asks L2 for its weights. Hopper's bulk prefetch is
+        sm_90's; an older GPU streams without it (the interpreter runs the arithmetic, with no
+        cache to fill)."""
+        device = self.model.device
+        if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+            return 0
+        return self.settings["prefetch_tiles"]
+
     def _launch_settings(self) -> dict[str, int]:
-        return {k: self.settings[k] for k in ("num_warps", "max_registers", "num_stages")}
+        return {**{k: self.settings[k] for k in ("num_warps", "max_registers", "num_stages")},
+                "prefetch_tiles": self._prefetch_tiles()}
 
     def _forward(self, plan: StepPlan, greedy: bool) -> None:
         self._launch_step(plan, greedy, advance=False)

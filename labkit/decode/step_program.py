@@ -81,17 +81,20 @@ def build_step_program(plan: StepPlan, cache: HybridCache, *, programs: int, gre
         raise ValueError(f"the persistent step runs batches of 1 to 16 sequences, got {B}")
     prog = StepProgram()
 
-    def bn(n: int) -> int:
+    def bn(n: int, op: str) -> int:
         if interpreting():  # one program runs every tile in order: fewer, wider tiles (no registers to spare)
             return max(16 if B > 1 else 1, min(INTERPRETER_BLOCK_N, next_pow2(n)))
-        return block_n(n, programs, batch=B, min_block_n=s["min_block_n"], max_block_n=s["max_block_n"])
+        # the head is the one projection of a single row block with tens of tiles per program: wider
+        # tiles share each tile's fixed work (the norm's reduction, the per-tile argmax) among more rows
+        widest = s["head_block_n"] if op == "head" else s["max_block_n"]
+        return block_n(n, programs, batch=B, min_block_n=s["min_block_n"], max_block_n=widest)
 
     sizes: dict[str, int] = {}
 
     def sized(op: str, n: int) -> int:
         """One tile width per linear op (the kernel's constexprs): fixed by the op's narrowest output."""
         if op not in sizes:
-            sizes[op] = bn(n)
+            sizes[op] = bn(n, op)
         return sizes[op]
 
     def linear(name: str, op: str, p: LinearPlan, x: torch.Tensor, out: torch.Tensor | None, wait: int,
@@ -143,7 +146,12 @@ def build_step_program(plan: StepPlan, cache: HybridCache, *, programs: int, gre
         linear("head.logits", "head_logits", plan.head, plan.h, plan.logits, last, {"h"}, {"logits"})
 
     ks = {ins.k for ins in prog.instructions if ins.k}
-    block_k = max(s["block_k"], min(4096, next_pow2(max(ks)))) if interpreting() else s["block_k"]
+    if interpreting():
+        block_k = max(s["block_k"], min(4096, next_pow2(max(ks))))
+    else:
+        # the setting counts 16-bit elements: a float32 model's K tile holds as many bytes (half the
+        # elements), so the tl.dot tiles past batch 1 take the same shared memory and the same grid fits
+        block_k = max(16, s["block_k"] * 2 // plan.h.element_size())
     shapes = StepShapes(
         batch=B, hidden=H, dtype=plan.h.dtype, eps=plan.eps, unit_offset=plan.unit_offset,
         conv_kernel=cfg.conv_kernel if "conv" in cfg.layer_types else 1,

@@ -202,20 +202,51 @@ def load_acquire(ptr):
 
 
 @device_function
+def _first_thread_acquire(ptr):
+    """``*ptr`` (int32) as an acquire load at GPU scope by the program's thread 0; every other
+    thread gets 2**31 - 1 at once, without touching memory."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %wa_p; .reg .b32 %wa_t; mov.u32 %wa_t, %tid.x; setp.eq.u32 %wa_p, %wa_t, 0; "
+        "mov.u32 $0, 2147483647; @%wa_p ld.acquire.gpu.global.b32 $0, [$1]; }",
+        "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@device_function
 def wait_until(counter_ptr, target):
     """Spin until ``*counter_ptr >= target``: the producers of what comes next have counted themselves in
     (a barrier, then a release atomic add, as :func:`arrive` does; the counter only grows until its
     owner resets it).
 
-    Every thread polls with an acquire load (:func:`load_acquire`), served by L2 with no atomic
-    traffic, so each thread's later reads see the producers' writes; the barrier then lets the
-    program go on together. Another program must be resident to produce, so a grid that waits on
-    itself must fit on the GPU at once (the persistent kernel sizes its grid so).
+    One thread of the program polls, with an acquire load at GPU scope, and the barrier then lets
+    the program go on together: what the producers wrote before their release is visible to
+    every thread's later loads (the acquire, ordered before the others' loads by the barrier, is
+    the pattern of a cooperative grid sync; it also drops the SM's stale L1 lines). Why one
+    thread: a grid of a few hundred programs that all poll with every warp sends thousands of
+    requests a microsecond to the one L2 slice that holds the counter, and the producers' own
+    atomics on it queue behind them. Another program must be resident to produce, so a grid that
+    waits on itself must fit on the GPU at once (the persistent kernel sizes its grid so).
     """
     if target > 0:  # 0: nothing to wait for (a program's later tiles of an instruction)
-        while load_acquire(counter_ptr) < target:
-            pass
+        if INTERPRET_CONSTEXPR:
+            while tl.load(counter_ptr, volatile=True) < target:
+                pass
+        else:
+            while _first_thread_acquire(counter_ptr) < target:
+                pass
     tl.debug_barrier()
+
+
+@device_function
+def prefetch_l2(addr, nbytes):
+    """Ask L2 for ``nbytes`` (a multiple of 16) from the 16-byte aligned global address ``addr``
+    (int64), without waiting: Hopper's bulk prefetch (``cp.async.bulk.prefetch.L2``), issued once
+    per program by its thread 0; the data comes to L2 and no register or shared memory is held.
+    sm_90 and later; nothing in the interpreter, which has no cache to fill."""
+    if not INTERPRET_CONSTEXPR:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred %pf_p; .reg .b32 %pf_t; mov.u32 %pf_t, %tid.x; setp.eq.u32 %pf_p, %pf_t, 0; "
+            "@%pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

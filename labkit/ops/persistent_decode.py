@@ -16,7 +16,8 @@ fused step's kernels' own programs, called as functions (:func:`labkit.ops.linea
 :func:`labkit.ops.attention_decode.attention_tile`, :func:`labkit.ops.gated_delta_decode.gdn_tile`):
 the maths of each is its module's and is tested there. A tile waits where a PDL launch would, after
 it has requested its first weights, so the next instruction's weights stream while other programs
-still compute its input. The program that completes the last instruction reduces the greedy
+still compute its input; and each program asks L2 for its next tile's weights (Hopper's bulk
+prefetch) before it starts the current one. The program that completes the last instruction reduces the greedy
 head's per-tile winners, advances ``lengths`` (when asked) and puts every counter back to zero, so
 the next launch (or graph replay) starts clean.
 
@@ -43,7 +44,8 @@ from .attention_decode import attention_tile
 from .gated_delta_decode import gdn_tile
 from .greedy_head import argmax_row
 from .launch import (
-    TORCH_TO_TL, device_function, globaltimer, interpreter_flags, interpreting, load_acquire, next_pow2, num_sms, wait_until,
+    TORCH_TO_TL, device_function, globaltimer, interpreter_flags, interpreting, load_acquire, next_pow2, num_sms,
+    prefetch_l2, wait_until,
 )
 from .linear import linear_tile
 
@@ -72,6 +74,10 @@ OP_HEAD_LOGITS: tl.constexpr = tl.constexpr(6)
 OP_ATTENTION: tl.constexpr = tl.constexpr(7)
 OP_GDN: tl.constexpr = tl.constexpr(8)
 N_FIELDS: tl.constexpr = tl.constexpr(FIELDS)
+# one 128-byte line per instruction's counter: the programs polling one counter and those adding to
+# the next are then served by different L2 lines (and, as the lines hash, usually different slices)
+COUNTER_STRIDE = 32
+COUNTER_STRIDE_C: tl.constexpr = tl.constexpr(COUNTER_STRIDE)
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,7 @@ class StepBuffers:
     next_tokens: torch.Tensor  # int64 [B]
     best_val: torch.Tensor  # float32 [B, head_tiles]
     best_idx: torch.Tensor  # int32 [B, head_tiles]
-    counters: torch.Tensor  # int32 [instructions], zero between launches
+    counters: torch.Tensor  # int32 [instructions * COUNTER_STRIDE] (counter i at i * COUNTER_STRIDE), zero between launches
     attn_ws: Any = None  # AttentionWorkspace
     gdn_ws: Any = None  # GdnWorkspace
 
@@ -210,11 +216,33 @@ def _linear_op(t, need, wait_ptr, row, n, k, B, eps, best_val_ptr, best_idx_ptr,
     )
 
 
-@triton.jit
+@device_function
+def _prefetch_tile(row, op, t, ES: tl.constexpr, BN_CONV: tl.constexpr, BN_IN: tl.constexpr, BN_OUT: tl.constexpr,
+                   BN_UP: tl.constexpr, BN_HEAD: tl.constexpr):
+    """Ask L2 for the weights of tile t of instruction ``row`` (nothing for an op without weights).
+    A projection's W is [R * N, K] row-major (R stacked blocks: 3 for the short conv's B, C, x; 2
+    for gate and up; else 1), and tile t reads rows [t * bn, t * bn + bn) of each block: R runs of
+    ``rows * K`` contiguous elements. K is a multiple of 16 and W 16-byte aligned (the table
+    checked), as the bulk prefetch needs."""
+    if (op >= OP_CONV_IN) & (op <= OP_HEAD_LOGITS):
+        n = tl.load(row + 5)
+        k = tl.load(row + 6)
+        w = tl.load(row + 8)  # the op's second tensor, W
+        bn = tl.where(op == OP_CONV_IN, BN_CONV, tl.where(op == OP_PROJ_IN, BN_IN, tl.where(
+            op == OP_RESIDUAL, BN_OUT, tl.where(op == OP_GATE_UP, BN_UP, BN_HEAD)))).to(tl.int64)
+        blocks = tl.where(op == OP_CONV_IN, 3, tl.where(op == OP_GATE_UP, 2, 1))
+        rows = tl.minimum(bn, n - t * bn)
+        for r in range(blocks):
+            prefetch_l2(w + (r * n + t * bn) * k * ES, (rows * k * ES).to(tl.int32))
+
+
+# Sizes that differ between caches and batches are not specialised on (Triton would compile a new
+# variant for a max_len that is, or is not, a multiple of 16): one compile per model and settings.
+@triton.jit(do_not_specialize=["n_instr", "B", "max_len", "n_splits", "head_tiles", "advance"])
 def _persistent_step_kernel(
     prog_ptr, counters_ptr, n_instr, tokens_ptr, lengths_ptr, next_ptr, best_val_ptr, best_idx_ptr,
     attn_count_ptr, attn_part_ptr, attn_ml_ptr, gdn_qk_ptr, gdn_o_ptr, gdn_part_ptr, stamps_ptr,
-    B, H, max_len, eps, attn_scale, q_scale, P_ATTN, P_GDN, GDN_C, n_splits, n_vb, head_tiles,
+    advance, B, H, max_len, eps, attn_scale, q_scale, P_ATTN, P_GDN, GDN_C, n_splits, n_vb, head_tiles,
     DT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_ROW: tl.constexpr,
     BN_CONV: tl.constexpr, BN_IN: tl.constexpr, BN_OUT: tl.constexpr, BN_UP: tl.constexpr, BN_HEAD: tl.constexpr,
     UNIT_OFFSET: tl.constexpr, CONV_KW: tl.constexpr, H_PAD: tl.constexpr, HEAD_BLOCK: tl.constexpr,
@@ -224,11 +252,19 @@ def _persistent_step_kernel(
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr, SHARED_QK: tl.constexpr,
     SPLIT_V: tl.constexpr,
     HAS_CONV: tl.constexpr, HAS_ATTN: tl.constexpr, HAS_GDN: tl.constexpr, GREEDY: tl.constexpr,
-    ADVANCE: tl.constexpr, STAMPS: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    PREFETCH: tl.constexpr, ES: tl.constexpr, STAMPS: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (G,), every program resident; see the module docstring for the schedule. STAMPS: each
     program also writes (start, end) global-timer nanoseconds of its part of every instruction at
-    stamps[pid, i] (its first tile's wait included; untouched where it had no tile)."""
+    stamps[pid, i] (its first tile's wait included; untouched where it had no tile). ``advance``
+    (non-zero): the last program also adds one to every sequence's length.
+
+    PREFETCH (tiles ahead, 0: none): before each tile of a projection, the program asks L2 for the
+    weights of its tile PREFETCH turns later in the same instruction (``t + PREFETCH * G``; at its
+    first tile, for every turn up to that) and, at its last tile, for its first tile of the next
+    instruction (:func:`_prefetch_tile`). A request waits on nothing, so HBM streams the next
+    weights while the program waits on a counter or reduces; its own loads then find them in L2.
+    ES: the weights' bytes per element."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     for i in range(n_instr):
@@ -240,12 +276,22 @@ def _persistent_step_kernel(
         if t0 < tiles:
             if STAMPS:
                 t_start = globaltimer()
-            wait_ptr = counters_ptr + tl.load(row + 3)
+            wait_ptr = counters_ptr + tl.load(row + 3) * COUNTER_STRIDE_C
             target = tl.load(row + 4).to(tl.int32)
             n = tl.load(row + 5).to(tl.int32)
             n16 = _size16(row, 5)  # only where the host checked it: the stacked row blocks' N
             k = _size16(row, 6)
             for t in range(t0, tiles, G):
+                if PREFETCH > 0:
+                    for j in range(tl.where(t == t0, 1, PREFETCH), PREFETCH + 1):
+                        if t + j * G < tiles:
+                            _prefetch_tile(row, op, t + j * G, ES, BN_CONV, BN_IN, BN_OUT, BN_UP, BN_HEAD)
+                    if (t + G >= tiles) & (i + 1 < n_instr):  # this program's first tile of the next one
+                        after = row + N_FIELDS
+                        t1 = (pid + G - tl.load(after + 2).to(tl.int32)) % G
+                        if t1 < tl.load(after + 1).to(tl.int32):
+                            _prefetch_tile(after, tl.load(after).to(tl.int32), t1, ES, BN_CONV, BN_IN, BN_OUT, BN_UP,
+                                           BN_HEAD)
                 need = target * (t == t0).to(tl.int32)  # only the first tile waits: the rest find it done
                 if op == OP_EMBED:
                     wait_until(wait_ptr, need)
@@ -303,21 +349,24 @@ def _persistent_step_kernel(
                 tl.store(stamp, t_start)
                 tl.store(stamp + 1, globaltimer())
             tl.debug_barrier()  # every thread's stores of these tiles come before the count
-            seen = tl.atomic_add(counters_ptr + i, done, sem="acq_rel", scope="gpu")
-            if i == n_instr - 1:
+            count = counters_ptr + i * COUNTER_STRIDE_C
+            if i < n_instr - 1:
+                tl.atomic_add(count, done, sem="release", scope="gpu")
+            else:
+                seen = tl.atomic_add(count, done, sem="acq_rel", scope="gpu")
                 if seen + done == tiles:
                     # The last tile of the step: every other tile is done and nobody waits any more.
-                    load_acquire(counters_ptr + i)  # every thread, before it reads the others' winners
+                    load_acquire(count)  # every thread, before it reads the others' winners
                     tl.debug_barrier()
                     if GREEDY:
                         for b in range(B):
                             argmax_row(b, best_val_ptr, best_idx_ptr, next_ptr, head_tiles, HEAD_BLOCK)
-                    if ADVANCE:
+                    if advance != 0:
                         for b in range(B):
                             tl.atomic_add(lengths_ptr + b, 1, sem="relaxed", scope="gpu")
                     for j0 in range(0, n_instr, 128):
                         j = j0 + tl.arange(0, 128)
-                        tl.store(counters_ptr + j, tl.zeros([128], dtype=tl.int32), mask=j < n_instr)
+                        tl.store(counters_ptr + j * COUNTER_STRIDE_C, tl.zeros([128], dtype=tl.int32), mask=j < n_instr)
 
 
 # placeholders for a model without that mixer (its branch is compiled out: HAS_ATTN / HAS_GDN)
@@ -327,7 +376,7 @@ NO_GDN = dict(NK=1, NV=1, DK=1, DV=1, KW=2, KW_PAD=2, BLOCK_DK=16, BLOCK_DV=16, 
 
 
 def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, greedy: bool, advance: bool,
-                 num_warps: int, max_registers: int = 0, num_stages: int = 2,
+                 num_warps: int, max_registers: int = 0, num_stages: int = 2, prefetch_tiles: int = 0,
                  stamps: torch.Tensor | None = None) -> tuple[tuple, dict]:
     attn, gdn = shapes.attention, shapes.gdn
     aws, gws, dummy = buffers.attn_ws, buffers.gdn_ws, buffers.counters
@@ -340,6 +389,7 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
         aws.max_sum if aws is not None else dummy,
         gws.qk_counters if gws is not None else dummy, gws.o_counters if gws is not None else dummy,
         gws.o_partials if gws is not None else dummy, dummy if stamps is None else stamps,
+        int(advance),
         B, shapes.hidden, attn.get("max_len", 1), shapes.eps, attn.get("scale", 1.0), gdn.get("q_scale", 1.0),
         attn.get("proj_dim", 1), gdn.get("proj_dim", 1), gdn.get("conv_dim", 1), attn.get("n_splits", 1),
         gdn.get("n_vb", 1), shapes.head_tiles,
@@ -352,7 +402,7 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
         HEAD_BLOCK=min(4096, next_pow2(max(shapes.head_tiles, 1))),
         **attn.get("sizes", NO_ATTENTION), **gdn.get("sizes", NO_GDN),
         HAS_CONV=shapes.conv_kernel > 1, HAS_ATTN=bool(attn), HAS_GDN=bool(gdn), GREEDY=bool(greedy),
-        ADVANCE=bool(advance), STAMPS=stamps is not None, **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
+        PREFETCH=prefetch_tiles, ES=torch.finfo(shapes.dtype).bits // 8, STAMPS=stamps is not None, **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     if max_registers and not interpreting():
         kwargs["maxnreg"] = max_registers  # ptxas's cap: the heaviest tile (attention) sets the whole kernel's
@@ -361,10 +411,13 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
 
 def launch_persistent_step(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, programs: int,
                            greedy: bool, advance: bool, num_warps: int = 4, max_registers: int = 0,
-                           num_stages: int = 2, stamps: torch.Tensor | None = None) -> None:
+                           num_stages: int = 2, prefetch_tiles: int = 0, stamps: torch.Tensor | None = None) -> None:
     """One launch of the step over ``programs`` programs (one in the interpreter, which runs
     programs one after another: a wait on a later program would never end). ``stamps``: an int64
-    [programs, instructions, 2] tensor for the per-instruction timeline (CUDA only)."""
+    [programs, instructions, 2] tensor for the per-instruction timeline (CUDA only).
+    ``prefetch_tiles``: how many of its tiles ahead each program asks L2 for (0: none)."""
+    if prefetch_tiles < 0:
+        raise ValueError(f"prefetch_tiles must be >= 0, got {prefetch_tiles}")
     if stamps is not None:
         if interpreting():
             raise RuntimeError("the persistent step's timeline reads the GPU's global timer: it needs a CUDA GPU")
@@ -372,17 +425,19 @@ def launch_persistent_step(table: torch.Tensor, buffers: StepBuffers, shapes: St
             raise ValueError(f"stamps must be int64 [{programs}, {table.shape[0]}, 2], got {stamps.dtype} "
                              f"{list(stamps.shape)}")
     args, kwargs = _launch_args(table, buffers, shapes, greedy=greedy, advance=advance, num_warps=num_warps,
-                                max_registers=max_registers, num_stages=num_stages, stamps=stamps)
+                                max_registers=max_registers, num_stages=num_stages, prefetch_tiles=prefetch_tiles,
+                                stamps=stamps)
     _persistent_step_kernel[(1 if interpreting() else programs,)](*args, **kwargs)
 
 
-def precompile(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, greedy: bool, advance: bool,
-               num_warps: int = 4, max_registers: int = 0, num_stages: int = 2) -> Any:
+def precompile(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, greedy: bool,
+               num_warps: int = 4, max_registers: int = 0, num_stages: int = 2, prefetch_tiles: int = 0) -> Any:
     """Compile (and load onto the GPU) the kernel a launch with these arguments runs, launching
     nothing: so that no compile or module load happens inside a CUDA graph capture, and so that
-    its resources can be read (:func:`resident_per_sm`)."""
-    args, kwargs = _launch_args(table, buffers, shapes, greedy=greedy, advance=advance, num_warps=num_warps,
-                                max_registers=max_registers, num_stages=num_stages)
+    its resources can be read (:func:`resident_per_sm`). (Advancing the lengths or not is an
+    argument of the same compiled kernel.)"""
+    args, kwargs = _launch_args(table, buffers, shapes, greedy=greedy, advance=False, num_warps=num_warps,
+                                max_registers=max_registers, num_stages=num_stages, prefetch_tiles=prefetch_tiles)
     kernel = _persistent_step_kernel.warmup(*args, grid=(1,), **kwargs)
     kernel._init_handles()  # Triton 3.6: loads the module, which gives its register count
     return kernel

@@ -29,9 +29,12 @@ Kernels and settings (names are the parameters of the function that takes them):
   single-chunk kernel), each as its keyword argument of that name takes it;
 - ``persistent_decode``: ``programs_per_sm`` (the grid: that many resident programs on every SM),
   ``num_warps``, ``max_registers`` (ptxas's cap per thread), ``num_stages`` (the ``tl.dot``
-  loop's pipeline past batch 1: its shared memory counts against residency), ``block_k`` (the projections' K tile), ``min_block_n`` / ``max_block_n`` (the
+  loop's pipeline past batch 1: its shared memory counts against residency), ``block_k`` (the projections' K tile, in elements
+  of a 16-bit model: a float32 model's has as many bytes), ``min_block_n`` / ``max_block_n`` (the
   bounds of each projection's output tile: the largest power of two that still deals every
-  program a tile, :func:`labkit.decode.step_program.block_n`). No GPU has measured values yet.
+  program a tile, :func:`labkit.decode.step_program.block_n`; ``head_block_n`` bounds the LM
+  head's instead), ``prefetch_tiles`` (how many of its
+  tiles ahead each program asks L2 for the weights, Hopper's bulk prefetch; 0: none).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def _pow2(v: Any) -> str | None:
 
 def _positive(v: Any) -> str | None:
     return None if is_int(v) and v >= 1 else "a positive integer"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if is_int(v) and v >= 0 else "an integer >= 0"
 
 
 def _boolean(v: Any) -> str | None:
@@ -71,13 +78,17 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
                          "single_block_v": (128, _pow2), "single_warps": (4, _pow2)},
-    # Not measured yet: a first guess that compiles clean for sm_90 (python -m labkit compile-check
-    # --persistent): 2 programs of 8 warps per SM, capped at 128 registers so that both fit (the
-    # attention tile alone would take 186); 512-wide K tiles divide every reduction of both presets;
-    # output tiles of 4 to 8 rows at batch 1 give every program work and keep the GEMV's lanes in registers.
+    # A first guess that compiles clean for sm_90 (python -m labkit compile-check): 2 programs of 8
+    # warps per SM, capped at 128 registers so that both fit (the attention tile alone would take
+    # 186); 512-wide K tiles divide every reduction of both presets; output tiles of 4 to 8 rows at
+    # batch 1 give every program work and keep the GEMV's lanes in registers (16 for the head,
+    # where max_block_n=16 measured faster for Qwen3.5 and slower for LFM2); the next tile's
+    # weights asked of L2 one turn ahead. On the H200 no other candidate of
+    # labkit.bench.tune_persistent beat it on both presets (data/tuning/nvidia-h200.json).
     "persistent_decode": {"programs_per_sm": (2, _positive), "num_warps": (8, _pow2), "max_registers": (128, _positive),
                           "num_stages": (2, _positive),
-                          "block_k": (512, _pow2), "min_block_n": (4, _pow2), "max_block_n": (8, _pow2)},
+                          "block_k": (512, _pow2), "min_block_n": (4, _pow2), "max_block_n": (8, _pow2),
+                          "head_block_n": (16, _pow2), "prefetch_tiles": (1, _non_negative)},
 }
 KERNELS = tuple(SPECS)
 HEURISTICS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
