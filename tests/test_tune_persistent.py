@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.bench.tune_persistent import CANDIDATES, choose
+from labkit.bench.tune_persistent import CANDIDATES, choose, close_enough
 from labkit.decode.persistent import PersistentDecoder
 
 
@@ -33,3 +33,9 @@ def test_an_unknown_setting_is_refused():
     model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=0)
     with pytest.raises(ValueError, match="unknown persistent_decode settings"):
         PersistentDecoder(model, model.new_cache(1, 16), settings={"warps": 8})
+
+
+def test_a_candidate_passes_only_as_close_to_the_truth_as_its_peer():
+    assert close_enough(0.05, 0.05) and close_enough(0.09, 0.05)
+    assert not close_enough(0.2, 0.05)  # a race corrupts a step by far more than bf16 rounding
+    assert not close_enough(float("nan"), 0.05)

@@ -13,6 +13,7 @@ import torch
 
 import labkit
 from labkit.bench.ops import rel_err
+from labkit.bench.tune_persistent import close_enough
 from labkit.decode.persistent import PersistentDecoder
 from labkit.decode.registry import make_decoder
 
@@ -31,7 +32,7 @@ def _prompt(model, batch: int, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("preset", REAL_PRESETS)
 def test_bf16_logits_over_many_steps(real_model, preset, batch):
-    """As close to the float32 truth as the bf16 reference is (within a factor 2), at every step of
+    """As close to the float32 truth as the bf16 reference is (within a factor 2, the tuner's rule), at every step of
     a teacher-forced run, on fresh random tokens every step (each step's inputs differ)."""
     model, truth_model = real_model(preset), real_model(preset, torch.float32)
     prompt, max_len = _prompt(model, batch), PROMPT + STEPS + 1
@@ -50,7 +51,7 @@ def test_bf16_logits_over_many_steps(real_model, preset, batch):
         assert err < 0.5, f"step {step}: relative error {err:.3g} (a race, or a tile that was never run)"
     assert dec.cache.lengths.tolist() == ref.cache.lengths.tolist()
     print(f"\n{preset} B={batch}: worst relative error {worst}")
-    assert worst["persistent"] <= 2 * worst["reference"] + 1e-3, worst
+    assert close_enough(worst["persistent"], worst["reference"]), worst
 
 
 @pytest.mark.parametrize("preset, batch", [
@@ -71,7 +72,7 @@ def test_the_grid_fits_on_the_gpu_and_a_grid_that_does_not_is_refused(real_model
     dec = PersistentDecoder(model, model.new_cache(1, 64))
     plan, prog, shapes, buffers, table = dec._program(dec.plan, True)
     ops = dec._persistent
-    kernel = ops.precompile(table, buffers, shapes, greedy=True, advance=True, **dec._launch_settings())
+    kernel = ops.precompile(table, buffers, shapes, greedy=True, **dec._launch_settings())
     fit = ops.resident_per_sm(kernel, torch.device("cuda"))
     print(f"\n{fit} programs of the persistent step fit on an SM; the grid asks {dec.settings['programs_per_sm']}")
     assert fit >= dec.settings["programs_per_sm"]
