@@ -5,8 +5,8 @@ output-tile bounds) trades bytes in flight against residency: every program must
 once, and the heaviest tile sets the registers of all. So each candidate below is made into a
 decoder for each preset (a candidate that does not fit on the GPU is refused by the decoder and
 recorded), checked teacher-forced for a few steps on fresh tokens against the float32 truth (the
-same weights widened, ``"reference"``) beside ``"fused"`` (:func:`close_enough`), then timed: the median of greedy steps replayed from its CUDA graph (CUDA
-events, one step per run). The candidate with the best geometric-mean speed-up over the heuristic
+same weights widened, ``"reference"``) beside ``"fused"`` (:func:`close_enough`), then timed: the
+median of greedy steps replayed from its CUDA graph (CUDA events, one step per run). The candidate with the best geometric-mean speed-up over the heuristic
 (always the first candidate) across the presets becomes the ``persistent_decode`` entry of
 ``data/tuning/<gpu>.json``, with every candidate's figures as its provenance. Settings are per GPU,
 not per model or batch: the presets share one choice, timed at ``--batch``.
@@ -36,7 +36,7 @@ def close_enough(err: float, peer_err: float) -> bool:
 
 CANDIDATES = [  # the heuristic first; then what the sm_90 compile said fits (python -m labkit compile-check)
     {},
-    {"head_block_n": 8},
+    {"head_block_n": 8},  # the head's tile first: --max-candidates 3 answers the newest question alone
     {"head_block_n": 32},
     {"prefetch_tiles": 0},  # what the L2 prefetch of the next tile is worth
     {"prefetch_tiles": 2},

@@ -221,9 +221,8 @@ def wait_until(counter_ptr, target):
     the program go on together: what the producers wrote before their release is visible to
     every thread's later loads (the acquire, ordered before the others' loads by the barrier, is
     the pattern of a cooperative grid sync; it also drops the SM's stale L1 lines). Why one
-    thread: a grid of a few hundred programs that all poll with every warp sends thousands of
-    requests a microsecond to the one L2 slice that holds the counter, and the producers' own
-    atomics on it queue behind them. Another program must be resident to produce, so a grid that
+    thread: when every warp of a few hundred programs polls, all their requests go to the one L2
+    line that holds the counter, and the producers' own atomics on it queue behind them. Another program must be resident to produce, so a grid that
     waits on itself must fit on the GPU at once (the persistent kernel sizes its grid so).
     """
     if target > 0:  # 0: nothing to wait for (a program's later tiles of an instruction)

@@ -366,7 +366,8 @@ def _persistent_step_kernel(
                             tl.atomic_add(lengths_ptr + b, 1, sem="relaxed", scope="gpu")
                     for j0 in range(0, n_instr, 128):
                         j = j0 + tl.arange(0, 128)
-                        tl.store(counters_ptr + j * COUNTER_STRIDE_C, tl.zeros([128], dtype=tl.int32), mask=j < n_instr)
+                        tl.store(counters_ptr + j * COUNTER_STRIDE_C, tl.zeros([128], dtype=tl.int32),
+                                 mask=j < n_instr)
 
 
 # placeholders for a model without that mixer (its branch is compiled out: HAS_ATTN / HAS_GDN)
@@ -402,7 +403,8 @@ def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, 
         HEAD_BLOCK=min(4096, next_pow2(max(shapes.head_tiles, 1))),
         **attn.get("sizes", NO_ATTENTION), **gdn.get("sizes", NO_GDN),
         HAS_CONV=shapes.conv_kernel > 1, HAS_ATTN=bool(attn), HAS_GDN=bool(gdn), GREEDY=bool(greedy),
-        PREFETCH=prefetch_tiles, ES=torch.finfo(shapes.dtype).bits // 8, STAMPS=stamps is not None, **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
+        PREFETCH=prefetch_tiles, ES=torch.finfo(shapes.dtype).bits // 8, STAMPS=stamps is not None,
+        **interpreter_flags(shapes.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     if max_registers and not interpreting():
         kwargs["maxnreg"] = max_registers  # ptxas's cap: the heaviest tile (attention) sets the whole kernel's

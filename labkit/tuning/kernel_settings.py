@@ -29,12 +29,12 @@ Kernels and settings (names are the parameters of the function that takes them):
   single-chunk kernel), each as its keyword argument of that name takes it;
 - ``persistent_decode``: ``programs_per_sm`` (the grid: that many resident programs on every SM),
   ``num_warps``, ``max_registers`` (ptxas's cap per thread), ``num_stages`` (the ``tl.dot``
-  loop's pipeline past batch 1: its shared memory counts against residency), ``block_k`` (the projections' K tile, in elements
-  of a 16-bit model: a float32 model's has as many bytes), ``min_block_n`` / ``max_block_n`` (the
-  bounds of each projection's output tile: the largest power of two that still deals every
-  program a tile, :func:`labkit.decode.step_program.block_n`; ``head_block_n`` bounds the LM
-  head's instead), ``prefetch_tiles`` (how many of its
-  tiles ahead each program asks L2 for the weights, Hopper's bulk prefetch; 0: none).
+  loop's pipeline past batch 1: its shared memory counts against residency), ``block_k`` (the
+  projections' K tile, in elements of a 16-bit model: a float32 model's has as many bytes),
+  ``min_block_n`` / ``max_block_n`` (the bounds of each projection's output tile: the largest
+  power of two that still deals every program a tile, :func:`labkit.decode.step_program.block_n`;
+  ``head_block_n`` bounds the LM head's instead), ``prefetch_tiles`` (how many of its tiles ahead
+  each program asks L2 for the weights, Hopper's bulk prefetch; 0: none).
 """
 
 from __future__ import annotations

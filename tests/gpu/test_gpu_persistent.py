@@ -32,8 +32,8 @@ def _prompt(model, batch: int, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("preset", REAL_PRESETS)
 def test_bf16_logits_over_many_steps(real_model, preset, batch):
-    """As close to the float32 truth as the bf16 reference is (within a factor 2, the tuner's rule), at every step of
-    a teacher-forced run, on fresh random tokens every step (each step's inputs differ)."""
+    """As close to the float32 truth as the bf16 reference is (within a factor 2, the tuner's rule),
+    at every step of a teacher-forced run, on fresh random tokens every step (each step's inputs differ)."""
     model, truth_model = real_model(preset), real_model(preset, torch.float32)
     prompt, max_len = _prompt(model, batch), PROMPT + STEPS + 1
     ref = make_decoder("reference", model, model.new_cache(batch, max_len))
