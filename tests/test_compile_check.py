@@ -1,5 +1,6 @@
 """`python -m labkit compile-check`: the fused step's kernels and the persistent step go through Triton's real compiler
-(and ptxas) for sm_90 on a machine without a GPU, which the CPU interpreter never exercises."""
+(and ptxas) for sm_90 (H100/H200) and sm_100 (B200) on a machine without a GPU, which the CPU interpreter never
+exercises."""
 
 import os
 import subprocess
@@ -11,16 +12,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_fused_step_compiles_for_sm90_without_a_gpu():
+@pytest.mark.parametrize("arch", [90, 100])
+def test_the_decode_kernels_compile_without_a_gpu(arch):
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     run = subprocess.run(
-        [sys.executable, "-m", "labkit", "compile-check", "--presets", "tiny-qwen3.5", "--batches", "1"],
+        [sys.executable, "-m", "labkit", "compile-check", "--arch", str(arch), "--presets", "tiny-qwen3.5",
+         "--batches", "1"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "compiled for sm_90" in run.stdout and "; 0 failures" in run.stdout
+    assert f"compiled for sm_{arch} " in run.stdout and "; 0 failures" in run.stdout
     for kernel in ("_linear_kernel", "_gdn_decode_kernel", "_attention_decode_kernel", "_argmax_reduce_kernel",
                    "_persistent_step_kernel"):
         assert kernel in run.stdout

@@ -6,10 +6,11 @@ once, and the heaviest tile sets the registers of all. So each candidate below i
 decoder for each preset (a candidate that does not fit on the GPU is refused by the decoder and
 recorded), checked teacher-forced for a few steps on fresh tokens against the float32 truth (the
 same weights widened, ``"reference"``) beside ``"fused"`` (:func:`close_enough`), then timed: the
-median of greedy steps replayed from its CUDA graph (CUDA events, one step per run). The candidate with the best geometric-mean speed-up over the heuristic
-(always the first candidate) across the presets becomes the ``persistent_decode`` entry of
-``data/tuning/<gpu>.json``, with every candidate's figures as its provenance. Settings are per GPU,
-not per model or batch: the presets share one choice, timed at ``--batch``.
+median of greedy steps replayed from its CUDA graph (CUDA events, one step per run). The
+candidate with the best geometric-mean speed-up over the heuristic (always the first candidate)
+across the presets becomes the ``persistent_decode`` entry of ``data/tuning/<gpu>.json``, with
+every candidate's figures as its provenance. Settings are per GPU, not per model or batch: the
+presets share one choice, timed at ``--batch``.
 """
 
 from __future__ import annotations
