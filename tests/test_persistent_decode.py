@@ -128,6 +128,20 @@ def test_generate_runs_the_persistent_rung_like_the_reference():
     assert got.tolist() == want.tolist()
 
 
+def test_the_persistent_rung_samples_and_stops_like_the_reference():
+    """Sampling (the logits program, then the sampler on the same seeded stream) and stop tokens
+    (the padded rows go on through the kernel) give the reference's tokens."""
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=4)
+    prompt = random_prompt(model, 2, 5, seed=6)
+    kw = dict(max_new_tokens=6, temperature=1.0, top_k=50, top_p=0.9, seed=1, progress=False)
+    want = labkit.generate(model, prompt, **kw).tokens
+    assert torch.equal(labkit.generate(model, prompt, backend="persistent", **kw).tokens, want)
+    stop = int(want[1, 2])
+    kw.update(stop_tokens=[stop], pad_token_id=0)
+    want, got = labkit.generate(model, prompt, **kw), labkit.generate(model, prompt, backend="persistent", **kw)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.finished, want.finished) and bool(got.finished[1])
+
+
 def test_the_step_program_is_the_decoders():
     model = labkit.build("tiny-lfm2", dtype=torch.float32, device="cpu", seed=0)
     dec = PersistentDecoder(model, model.new_cache(1, 16))
