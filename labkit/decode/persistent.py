@@ -68,8 +68,8 @@ class PersistentDecoder(FusedDecoder):
             attn_ws=plan.attn_ws, gdn_ws=plan.gdn_ws,
         )
         if device.type == "cuda":
-            # both launches a graph rung makes (the eager warm-up, the captured step that advances
-            # lengths) compiled and loaded now: nothing is compiled inside a capture
+            # the one kernel both launches of a graph rung run (the eager warm-up, the captured step
+            # that advances lengths: a runtime argument) compiled and loaded now, not inside a capture
             kernel = ops.precompile(table, buffers, shapes, greedy=greedy, **self._launch_settings())
             fit = ops.resident_per_sm(kernel, device)
             if fit < self.settings["programs_per_sm"]:

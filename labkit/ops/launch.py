@@ -204,11 +204,15 @@ def load_acquire(ptr):
 @device_function
 def _first_thread_acquire(ptr):
     """``*ptr`` (int32) as an acquire load at GPU scope by the program's thread 0; every other
-    thread gets 2**31 - 1 at once, without touching memory."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred %wa_p; .reg .b32 %wa_t; mov.u32 %wa_t, %tid.x; setp.eq.u32 %wa_p, %wa_t, 0; "
-        "mov.u32 $0, 2147483647; @%wa_p ld.acquire.gpu.global.b32 $0, [$1]; }",
-        "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    thread gets 2**31 - 1 at once, without touching memory. (In the interpreter, where a program
+    is one thread, a plain load, as :func:`load_acquire` does.)"""
+    if INTERPRET_CONSTEXPR:
+        return tl.load(ptr, volatile=True)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred %wa_p; .reg .b32 %wa_t; mov.u32 %wa_t, %tid.x; setp.eq.u32 %wa_p, %wa_t, 0; "
+            "mov.u32 $0, 2147483647; @%wa_p ld.acquire.gpu.global.b32 $0, [$1]; }",
+            "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @device_function
@@ -222,16 +226,13 @@ def wait_until(counter_ptr, target):
     every thread's later loads (the acquire, ordered before the others' loads by the barrier, is
     the pattern of a cooperative grid sync; it also drops the SM's stale L1 lines). Why one
     thread: when every warp of a few hundred programs polls, all their requests go to the one L2
-    line that holds the counter, and the producers' own atomics on it queue behind them. Another program must be resident to produce, so a grid that
-    waits on itself must fit on the GPU at once (the persistent kernel sizes its grid so).
+    line that holds the counter, and the producers' own atomics on it queue behind them. Another
+    program must be resident to produce, so a grid that waits on itself must fit on the GPU at once
+    (the persistent kernel sizes its grid so).
     """
     if target > 0:  # 0: nothing to wait for (a program's later tiles of an instruction)
-        if INTERPRET_CONSTEXPR:
-            while tl.load(counter_ptr, volatile=True) < target:
-                pass
-        else:
-            while _first_thread_acquire(counter_ptr) < target:
-                pass
+        while _first_thread_acquire(counter_ptr) < target:
+            pass
     tl.debug_barrier()
 
 

@@ -17,9 +17,9 @@ fused step's kernels' own programs, called as functions (:func:`labkit.ops.linea
 the maths of each is its module's and is tested there. A tile waits where a PDL launch would, after
 it has requested its first weights, so the next instruction's weights stream while other programs
 still compute its input; and each program asks L2 for its next tile's weights (Hopper's bulk
-prefetch) before it starts the current one. The program that completes the last instruction reduces the greedy
-head's per-tile winners, advances ``lengths`` (when asked) and puts every counter back to zero, so
-the next launch (or graph replay) starts clean.
+prefetch) before it starts the current one. The program that completes the last instruction
+reduces the greedy head's per-tile winners, advances ``lengths`` (when asked) and puts every
+counter back to zero, so the next launch (or graph replay) starts clean.
 
 Waiting on other programs of the same grid is only safe if they are all resident: the launcher
 sizes the grid from the compiled kernel's registers and shared memory and refuses a grid that
@@ -162,7 +162,8 @@ class StepBuffers:
     next_tokens: torch.Tensor  # int64 [B]
     best_val: torch.Tensor  # float32 [B, head_tiles]
     best_idx: torch.Tensor  # int32 [B, head_tiles]
-    counters: torch.Tensor  # int32 [instructions * COUNTER_STRIDE] (counter i at i * COUNTER_STRIDE), zero between launches
+    # int32 [instructions * COUNTER_STRIDE]: counter i at i * COUNTER_STRIDE, zero between launches
+    counters: torch.Tensor
     attn_ws: Any = None  # AttentionWorkspace
     gdn_ws: Any = None  # GdnWorkspace
 
