@@ -285,10 +285,11 @@ def test_benchmark_needs_a_gpu():
         bench_gdn_prefill(variants=("fastest",))
 
 
-def test_kernels_compile_for_sm90_at_real_shapes():
+@pytest.mark.parametrize("arch", [90, 100])
+def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     """Through Triton's real compiler and ptxas (python -m labkit.lab.compile_check_prefill), which the
     interpreter never exercises: the four kernels of the chunk path and the single-chunk kernel, at
-    H = 16, K = V = 128, bf16."""
+    H = 16, K = V = 128, bf16, for sm_90 (H100/H200) and sm_100 (B200)."""
     import os
     import subprocess
     import sys
@@ -297,9 +298,9 @@ def test_kernels_compile_for_sm90_at_real_shapes():
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-m", "labkit.lab.compile_check_prefill"], capture_output=True, text=True,
-                         env=env, cwd=root, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "labkit.lab.compile_check_prefill", "--arch", str(arch)],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "for sm_90" in run.stdout and "; 0 failures" in run.stdout
+    assert f"for sm_{arch}" in run.stdout and "; 0 failures" in run.stdout
     for kernel in ("_solve_kernel", "_products_kernel", "_walk_kernel", "_output_kernel", "_single_chunk_kernel"):
         assert kernel in run.stdout

@@ -257,3 +257,15 @@ def test_linear_unfused_matches_the_reference(dtype, device):
     assert rel_err(state, state_ref) < BOUND[dtype] / 10
     with pytest.raises(ValueError, match="cannot be combined"):
         linear_unfused(x, w, swiglu=True, short_conv=(state, conv_w))
+
+
+def test_batches_past_64_take_row_tiles_of_64(device):
+    # bucket 64's tiles serve any batch past 64: several row tiles, each row written exactly once
+    assert [linear_mod.m_bucket(m) for m in (1, 2, 16, 17, 64, 65, 256)] == [1, 16, 16, 32, 64, 64, 64]
+    m, n, k = 70, 48, 40
+    x, w, norm, _ = _data(m, n, k, torch.float32, device, seed=5)
+    config = linear_config(m, n, k)
+    assert config.block_m == 64
+    out = torch.full((m, n), float("nan"), device=device)
+    linear(x, w, out=out, norm_weight=norm, config=config)
+    assert rel_err(out, linear_ref(x, w, norm_weight=norm)) < BOUND[torch.float32]

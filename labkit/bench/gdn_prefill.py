@@ -63,13 +63,13 @@ class GdnPrefillResult:
     error: str | None = None
 
 
-def _inputs(sequences: int, length: int, heads: int, dim: int, seed: int = 0) -> dict:
+def _inputs(sequences: int, length: int, heads: int, dim: int, seed: int = 0, device: str = "cuda") -> dict:
     """Packed inputs of ``sequences`` prompts of ``length`` tokens: q, k L2-normalised, g <= 0."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     total = sequences * length
 
     def randn(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen)
+        return torch.randn(*shape, device=device, generator=gen)
 
     q = F.normalize(randn(1, total, heads, dim), dim=-1).bfloat16()
     k = F.normalize(randn(1, total, heads, dim), dim=-1).bfloat16()
@@ -77,7 +77,7 @@ def _inputs(sequences: int, length: int, heads: int, dim: int, seed: int = 0) ->
     g = -F.softplus(randn(1, total, heads) - 3)  # slow forgetting, as trained layers mostly do
     beta = torch.sigmoid(randn(1, total, heads)).bfloat16()
     state = randn(sequences, heads, dim, dim) * 0.1
-    cu = torch.arange(0, total + 1, length, dtype=torch.int64, device="cuda")
+    cu = torch.arange(0, total + 1, length, dtype=torch.int64, device=device)
     return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=state, cu_seqlens=cu if sequences > 1 else None)
 
 

@@ -309,7 +309,7 @@ def _attention_operands(model: HybridLM, batch: int, max_len: int, lengths: list
 
 
 def check_attention(model: HybridLM, batch: int, max_len: int, lengths: list[int] | None = None,
-                    seed: int = 5) -> float:
+                    seed: int = 5, chunk: int | None = None) -> float:
     """Largest relative error of the attention decode step (output, and the new key and value it
     writes into the cache) against :func:`labkit.ops.attention_decode.attention_decode_ref`."""
     from ..ops.attention_decode import attention_decode, attention_decode_ref
@@ -319,25 +319,27 @@ def check_attention(model: HybridLM, batch: int, max_len: int, lengths: list[int
     args = (dims, cfg.norm_eps, cfg.norm_unit_offset)
     out_ref, k_ref, v_ref = attention_decode_ref(proj, *w, keys, values, lengths, *args)
     out = torch.full_like(out_ref, float("nan"))
-    attention_decode(proj, *w, keys, values, lengths, *args, out=out)
+    attention_decode(proj, *w, keys, values, lengths, *args, out=out, chunk=chunk)
     return max(rel_err(out, out_ref), rel_err(keys, k_ref), rel_err(values, v_ref))
 
 
-def time_attention(model: HybridLM, batch: int, max_len: int = 4096, lengths: list[int] | None = None) -> OpTiming:
+def time_attention(model: HybridLM, batch: int, max_len: int = 4096, lengths: list[int] | None = None,
+                   chunk: int | None = None) -> OpTiming:
     """One attention decode step of one layer (norms, RoPE, cache write, attention over the cache);
-    ``bytes`` counts the cached positions actually read."""
+    ``bytes`` counts the cached positions actually read; ``chunk``: positions per program (default
+    :func:`~labkit.ops.attention_decode.attention_chunk`'s heuristic)."""
     from ..ops.attention_decode import AttentionWorkspace, attention_chunk, attention_decode
 
     _need_cuda(model.device)
     cfg = model.cfg
     dims, proj, keys, values, lengths, w = _attention_operands(model, batch, max_len, lengths, seed=5)
-    chunk, _ = attention_chunk(max_len, cfg.head_dim)
+    chunk = chunk or attention_chunk(max_len, cfg.head_dim)[0]
     ws = AttentionWorkspace.allocate(batch, dims, -(-max_len // chunk), model.device)
     kv_bytes = 2 * keys.numel() * keys.element_size()
     kv = [(keys, values)] + [(keys.clone(), values.clone()) for _ in range(cold_l2_copies(kv_bytes, model.device, cap=16) - 1)]
     out = torch.empty(batch, dims.num_heads * dims.head_dim, dtype=model.dtype, device=model.device)
     calls = [lambda kk=kk, vv=vv: attention_decode(proj, *w, kk, vv, lengths, dims, cfg.norm_eps, cfg.norm_unit_offset,
-                                                   out=out, workspace=ws) for kk, vv in kv]
+                                                   out=out, workspace=ws, chunk=chunk) for kk, vv in kv]
     n_pos = int(lengths.sum()) + batch
     nbytes = 2 * n_pos * cfg.num_kv_heads * cfg.head_dim * keys.element_size() + proj.numel() * proj.element_size()
     context = {"max_len": max_len, "mean_context": float(lengths.float().mean())}

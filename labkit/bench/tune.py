@@ -1,16 +1,30 @@
-"""``python -m labkit tune``: sweep the linear kernels' blockings on the GPU at hand and write the
-winners to the ``linear`` section (``--persistent``: the persistent step's settings instead,
-:mod:`labkit.bench.tune_persistent`) of ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning`
-reads at run time (the file's other sections, the TMA table and the kernels' settings, are kept).
+"""``python -m labkit tune``: tune every kernel that has a setting on the GPU at hand and write the
+winners, with their provenance, into ``data/tuning/<gpu-slug>.json``, which :mod:`labkit.tuning`
+reads at run time. With no options it runs every section within one time budget
+(``--time-limit-s``, default 540 s, so the whole run stays under ten minutes on an H200):
 
-For every distinct projection of the presets' decode steps (one key per batch bucket, outputs, K,
-row blocks; the LM head is left out: its greedy and logits paths must keep one summation order)
-each candidate :class:`~labkit.ops.linear.LinearConfig` is first checked against the reference at
-that blocking, then timed as ``bench ops`` times the projection (alone in a CUDA graph, its weights
-cold in L2). The heuristic's own choice is always among the candidates, so an entry never makes a
-key slower than the heuristic as measured. The file is rewritten after every key, so a run cut
-short by ``--time-limit-s`` (or killed) leaves every key it finished; entries of an earlier file
-for keys this run did not reach are kept with their own date and source.
+- ``linear``: the projections' blockings at batch buckets 1, 16, 32 and 64 (batches 2-15 share
+  bucket 16: the ``tl.dot`` loop pads the batch to 16 rows), tuned inside the chained step with
+  programmatic dependent launch as the fused rung runs them (:func:`run_chain`), the LM head
+  included; past batch 1 the same sub-chain run unfused through cuBLAS is timed too, and
+  dispatched to where it wins;
+- ``gated_delta_decode``, ``attention_decode``, ``chunk_delta_rule``: their launch settings
+  (:mod:`labkit.bench.tune_kernels`);
+- ``persistent_decode``: the persistent step's settings (:mod:`labkit.bench.tune_persistent`).
+
+Every candidate is checked against its reference before it is timed; the settings the GPU runs
+today are always the first candidate, so a section never makes what it measures slower. A
+progress bar follows the sections; ``--sections`` picks some, and ``data/bench/<gpu>/tune-run.json``
+records what each took. The older single modes remain: ``--alone`` (each projection alone in a
+CUDA graph, :func:`run`), ``--chain`` (:func:`run_chain` only) and ``--persistent``.
+
+:func:`run` sweeps each distinct projection of the presets' decode steps (one key per batch
+bucket, outputs, K, row blocks; the LM head is left out: its greedy and logits paths must keep one
+summation order): each candidate :class:`~labkit.ops.linear.LinearConfig` is first checked
+against the reference at that blocking, then timed as ``bench ops`` times the projection (alone in
+a CUDA graph, its weights cold in L2). The file is rewritten after every key, so a run cut short
+by the time limit (or killed) leaves every key it finished; entries of an earlier file for keys
+this run did not reach are kept with their own date and source.
 """
 
 from __future__ import annotations
@@ -200,7 +214,9 @@ CHAIN_NOTE = ("Entries with method 'chain' were tuned inside the chained step (l
               "(pdl/placement as recorded); 'us' is per kernel. The LM head's greedy key (argmax) gets the logits "
               "key's configuration, so that both paths sum in the same order. At batch >= 16, 'us.torch' is the same "
               "sub-chain run unfused (linear_unfused: one-kernel norm, cuBLAS matmul, one-kernel epilogue); 'impl': 'torch' where that beat the best "
-              "blocking by more than 3%, and the fused backend then runs it so (labkit.decode.fused).")
+              "blocking by more than 3%, and the fused backend then runs it so (labkit.decode.fused). "
+              "'us.cublas' (batch >= 16): the bare cuBLAS matmul of the same weights, no norm and no epilogue: "
+              "the yardstick a projection should not be slower than.")
 
 
 def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: int | None = None) -> tuple[list, object, object]:
@@ -226,13 +242,14 @@ def chain_candidates(model: HybridLM, group: list, batch: int, max_candidates: i
 DISPATCH_MARGIN = 0.03  # the unfused path must win by more than run-to-run noise
 
 
-def time_unfused(model: HybridLM, group: list, batch: int, repeats: int = 10) -> float | None:
-    """Microseconds per kernel of ``group``'s sub-chain run unfused (labkit.bench.chain's "torch"
-    GEMV), checked first; None if its check fails."""
+def time_unfused(model: HybridLM, group: list, batch: int, repeats: int = 10, gemv: str = "torch") -> float | None:
+    """Microseconds per projection of ``group``'s sub-chain run unfused (labkit.bench.chain's "torch"
+    GEMV: norm, cuBLAS, epilogue), checked first; None if its check fails. ``gemv="cublas"``: the
+    bare cuBLAS matmul of the same weights (no norm, no epilogue, not checked: the yardstick)."""
     from .chain import BOUND, Chain, copies_for
 
-    sub = Chain(model, group, batch, "torch", copies=copies_for(sum(o.case.nbytes for o in group), model.device))
-    if not max(sub.check(every_layer=False).values()) <= BOUND[model.dtype]:
+    sub = Chain(model, group, batch, gemv, copies=copies_for(sum(o.case.nbytes for o in group), model.device))
+    if gemv == "torch" and not max(sub.check(every_layer=False).values()) <= BOUND[model.dtype]:
         return None
     return sub.time_ms(repeats) * 1e3 / len(sub.bound)
 
@@ -286,6 +303,8 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
                     "candidates": len(timed), "method": "chain", "pdl": placement_name(placement) if pdl else None,
                     "date": _dt.date.today().isoformat(), "source": doc["command"],
                 }
+                if batch > 1:  # the yardstick: cuBLAS alone on the same weights (the issue's bar)
+                    entry["us"]["cublas"] = round(time_unfused(model, group, batch, repeats, gemv="cublas"), 3)
                 if batch > 1 and group[0].layer >= 0:  # the measured dispatch: unfused cuBLAS, if it wins
                     torch_us = time_unfused(model, group, batch, repeats)
                     if torch_us is not None:
@@ -315,12 +334,92 @@ def run_chain(models: list[str], batches: list[int], *, pdl: bool, placement=Non
     return path, list(measured.values())
 
 
+SECTIONS = ("linear", "gated_delta_decode", "attention_decode", "chunk_delta_rule", "persistent_decode")
+# each section's share of the time budget (time a section leaves unused passes to the next)
+SHARES = {"linear": 0.5, "gated_delta_decode": 0.04, "attention_decode": 0.08, "chunk_delta_rule": 0.13,
+          "persistent_decode": 0.25}
+ALL_BATCHES = (1, 16, 32, 64)
+# settings sections the full run leaves alone, and why (a test checks every kernel is in one or the other)
+UNTUNED = {
+    "linear": "the PDL placement of the projections: python -m labkit bench chain --placements ... measures it "
+              "(data/bench/<gpu>/chain.json); the full run tunes the linear section's blockings instead",
+    "norm_rope": "a prefill kernel of a few microseconds per layer; its form (rotated_only) was chosen by measurement",
+    "fused_prefill": "when to capture a prefill graph (a policy over prompt lengths, not a kernel's speed)",
+}
+
+
+def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches: tuple[int, ...] = ALL_BATCHES,
+            time_limit_s: float = 540.0, out_dir: Path = tuning.TUNING_DIR, data_dir: Path | None = None,
+            max_candidates: int | None = None, command: str = "python -m labkit tune") -> tuple[Path, list[dict]]:
+    """Every section in turn within ``time_limit_s``; returns the tuning file and one summary row
+    per section (also written to ``data_dir/<gpu>/tune-run.json``)."""
+    from tqdm.auto import tqdm
+
+    from ..lab.hw import device_facts
+    from .results import DATA_DIR, write_document
+    from .tune_kernels import tune_kernel
+    from .tune_persistent import run as run_persistent
+
+    facts = device_facts("cuda", measure=False)
+    path = tuning.tuning_path(facts.name, out_dir)
+    start = time.perf_counter()
+    used = 0.0
+    summary: list[dict] = []
+    bar = tqdm(total=len(sections), desc="labkit tune", unit="section")
+    log = bar.write
+    for name in sections:
+        used += SHARES[name]
+        deadline = start + time_limit_s * used / sum(SHARES[s] for s in sections)
+        bar.set_postfix_str(name)
+        t0 = time.perf_counter()
+        row: dict = {"section": name}
+        try:
+            if name == "linear":
+                _, entries = run_chain(models, list(batches), pdl=True, out_dir=out_dir,
+                                       time_limit_s=max(0.0, deadline - t0), max_candidates=max_candidates,
+                                       command=command, log=log)
+                row |= {"entries": len(entries),
+                        "torch_dispatched": sum(e.get("impl") == "torch" for e in entries),
+                        "speedup_geomean": _geomean([e["us"]["previous"] / e["us"]["tuned"] for e in entries])}
+            elif name == "persistent_decode":
+                _, rows = run_persistent(models, batch=1, out_dir=out_dir, time_limit_s=max(0.0, deadline - t0),
+                                         max_candidates=max_candidates, command=command, log=log)
+                row |= {"candidates": len(rows)}
+            else:
+                entry = tune_kernel(name, deadline=deadline, command=command, log=log)
+                tuning.update_tuning_file(path, facts.name, settings={name: entry})
+                row |= {"candidates": len(entry["candidates"]), "values": entry["values"]}
+        except Exception as exc:  # noqa: BLE001 - one section's failure is reported; the others still run
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            log(f"  {name} FAILED: {row['error']}")
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        summary.append(row)
+        tuning.forget()  # the next section reads what this one wrote
+        bar.update(1)
+    bar.close()
+    total = round(time.perf_counter() - start, 1)
+    print(f"tuned {len(sections)} sections in {total} s (budget {time_limit_s:.0f} s); wrote {path}")
+    write_document("tune-run", "tune-run", {"seconds": total, "time_limit_s": time_limit_s, "models": models,
+                                            "sections": summary}, facts, command,
+                   DATA_DIR if data_dir is None else data_dir)
+    return path, summary
+
+
+def _geomean(xs: list[float]) -> float | None:
+    return round(math.exp(sum(map(math.log, xs)) / len(xs)), 4) if xs else None
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="labkit tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["lfm2-350m", "qwen3.5-0.8b"])
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
-    p.add_argument("--time-limit-s", type=float, help="start no new key after this many seconds")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                   help="what the full run tunes (default: all of them)")
+    p.add_argument("--batches", nargs="+", type=int, default=None,
+                   help=f"linear batches (default {' '.join(map(str, ALL_BATCHES))}; with --alone/--chain 1 16)")
+    p.add_argument("--time-limit-s", type=float, help="start no new key after this many seconds "
+                   "(the full run's budget: default 540)")
+    p.add_argument("--alone", action="store_true", help="only the projections, each alone in a CUDA graph (run)")
     p.add_argument("--out-dir", type=Path, default=tuning.TUNING_DIR, help="where <gpu-slug>.json goes")
     p.add_argument("--fresh", action="store_true", help="drop the entries of an existing file instead of keeping them")
     p.add_argument("--max-candidates", type=int, help="try at most this many blockings per key (the heuristic's first)")
@@ -340,6 +439,13 @@ def main(argv: list[str]) -> int:
         print("labkit tune times kernels on a CUDA GPU, and there is none here "
               "(the CPU interpreter has its own fixed configuration)")
         return 2
+    command = shlex.join(["python", "-m", "labkit", "tune", *argv])
+    if not (args.persistent or args.chain or args.alone):
+        _, summary = run_all(args.models, sections=tuple(args.sections), batches=tuple(args.batches or ALL_BATCHES),
+                             time_limit_s=540.0 if args.time_limit_s is None else args.time_limit_s,
+                             out_dir=args.out_dir, max_candidates=args.max_candidates, command=command)
+        return 1 if any("error" in r for r in summary) else 0
+    args.batches = args.batches or [1, 16]
     if args.persistent:
         from .tune_persistent import run as run_persistent
 

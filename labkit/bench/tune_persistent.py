@@ -20,6 +20,7 @@ import datetime as _dt
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -97,7 +98,8 @@ def choose(rows: list[dict], models: list[str]) -> dict | None:
 
 
 def run(models: list[str], *, batch: int = 1, out_dir: Path = tuning.TUNING_DIR, time_limit_s: float | None = None,
-        max_candidates: int | None = None, command: str = "") -> tuple[Path | None, list[dict]]:
+        max_candidates: int | None = None, command: str = "",
+        log: Callable[[str], None] = print) -> tuple[Path | None, list[dict]]:
     from ..lab.hw import device_facts
     from ..model import build
     from ..tuning.files import update_tuning_file
@@ -115,11 +117,11 @@ def run(models: list[str], *, batch: int = 1, out_dir: Path = tuning.TUNING_DIR,
             got = _check_and_time(model, truths[name], cand, batch, steps=8, repeats=30)
             row["presets"][name] = got
             us = f"{got['us']:.1f} us" if "us" in got else got.get("refused") or got.get("rejected")
-            print(f"{name:14s} B={batch} {cand or 'heuristic'}: {us}", flush=True)
+            log(f"{name:14s} B={batch} {cand or 'heuristic'}: {us}")
         rows.append(row)
     best = choose(rows, models)
     if best is None:
-        print("the heuristic itself failed or did not run: nothing written")
+        log("the heuristic itself failed or did not run: nothing written")
         return None, rows
     values = best["presets"][models[0]]["settings"]
     facts = device_facts("cuda", measure=False)
@@ -136,5 +138,5 @@ def run(models: list[str], *, batch: int = 1, out_dir: Path = tuning.TUNING_DIR,
         "provenance": provenance(facts, command),
     }
     path = update_tuning_file(tuning.tuning_path(facts.name, out_dir), facts.name, settings={"persistent_decode": entry})
-    print(f"best: {best['candidate'] or 'the heuristic'} ({best['speedup']:.3f}x the heuristic); wrote {path}")
+    log(f"best: {best['candidate'] or 'the heuristic'} ({best['speedup']:.3f}x the heuristic); wrote {path}")
     return path, rows

@@ -1,4 +1,4 @@
-"""Skinny GEMM for decode: ``x [M, K] @ W[N, K]^T`` for M = 1..64 rows, weights streamed once.
+"""Skinny GEMM for decode: ``x [M, K] @ W[N, K]^T`` for M = 1..64 rows (more in tiles of 64), weights streamed once.
 
 At decode time M is the batch (1..64) and every weight byte is read once per token, so the kernel
 is a weight stream: its speed is bytes / bandwidth, provided enough programs are in flight to
@@ -431,9 +431,14 @@ class LinearConfig:
             raise ValueError(f"LinearConfig.num_warps must be a power of two, got {self.num_warps}")
 
 
+MAX_BLOCK_M = 64  # rows of one tl.dot tile: larger batches take several row tiles of 64
+
+
 def m_bucket(m: int) -> int:
-    """Batches that share a configuration: 1, then 16, 32, 64 (tl.dot pads M to these)."""
-    return 1 if m == 1 else max(16, next_pow2(m))
+    """Batches that share a configuration: 1, then 16, 32, 64 (tl.dot pads M to these); batches
+    past 64 share bucket 64's tiles, one program per 64 rows (a [128, K] tile of the input alone
+    would hold 32 KB per 128 columns of K in registers)."""
+    return 1 if m == 1 else min(MAX_BLOCK_M, max(16, next_pow2(m)))
 
 
 class TuningKey(NamedTuple):

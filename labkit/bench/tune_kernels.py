@@ -1,0 +1,257 @@
+"""The ``settings`` section's tuners: the decode mixers' and the chunked delta rule's launch settings.
+
+Each kernel named here has a few launch settings (:mod:`labkit.tuning.kernel_settings`); a
+tuner lists candidate values, checks every candidate against the kernel's plain-torch reference
+on fresh random inputs, times the passing ones alone in a CUDA graph (:func:`labkit.lab.timing.measure`:
+CUDA events, median of replays, operands rotated past L2) over a few cases (batches, context
+lengths, prompt lengths), and keeps the candidate with the smallest geometric mean of its times
+relative to the first candidate, which is always the settings the GPU runs today (its file's
+values over the heuristic): a run never makes the measured cases slower than they were.
+
+- ``gated_delta_decode``: the rule that picks value columns per program (``block_v`` where that
+  gives ``programs_per_sm`` programs per SM, else ``narrow_block_v``) at batches 1, 16 and 64;
+  every (batch, columns) pair is timed once however many rules lead to it;
+- ``attention_decode``: ``min_chunk`` / ``max_chunks`` (positions per program) at batches 1 and 16,
+  caches of 2,048 and 8,192 slots nearly full;
+- ``chunk_delta_rule``: the walk's ``block_v``, ``num_warps``, ``num_stages`` and the output
+  kernel's ``output_block_v``, one setting at a time from the current values (coordinate descent:
+  each try is a compile), at T = 4,096 and 16,384, one sequence of 16 heads x 128.
+
+``release_early`` (PDL) is not tuned here: it only matters inside the chained step.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from .. import tuning
+
+BOUND = 1e-2  # bf16 kernels against their float32-accumulating reference (as bench ops checks them)
+
+
+@dataclass
+class Trial:
+    values: dict
+    err: float | None = None
+    us: dict = field(default_factory=dict)  # case -> microseconds
+    error: str | None = None
+
+    def row(self) -> dict:
+        out = {"values": self.values, "rel_err": self.err, "us": {k: round(v, 3) for k, v in self.us.items()}}
+        return out | ({"error": self.error} if self.error else {})
+
+
+def geomean_ratio(us: dict, base: dict) -> float:
+    """Geometric mean over the cases of ``us[case] / base[case]`` (1.0: as fast as ``base``)."""
+    return math.exp(sum(math.log(us[c] / base[c]) for c in base) / len(base))
+
+
+def best_trial(trials: list[Trial]) -> Trial:
+    """The passing trial with the smallest geometric-mean time relative to the first (which must
+    pass: it is what the GPU runs today)."""
+    base = trials[0]
+    if base.error or not base.us:
+        raise RuntimeError(f"the current settings {base.values} fail their own check: {base.error}")
+    ok = [t for t in trials if not t.error and set(t.us) == set(base.us)]
+    return min(ok, key=lambda t: geomean_ratio(t.us, base.us))
+
+
+@dataclass
+class KernelTuner:
+    """One kernel's sweep: ``trials(device, deadline, log)`` yields checked and timed trials, the
+    current settings first; ``cases`` says what was timed."""
+
+    kernel: str
+    cases: str
+    trials: Callable[[str, float | None, Callable[[str], None]], list[Trial]]
+
+
+def _current(kernel: str, device: str) -> dict:
+    return dict(tuning.settings(kernel, device))
+
+
+def _run_trial(values: dict, check: Callable[[], float], timings: Iterable[tuple[str, Callable[[], float]]]) -> Trial:
+    t = Trial(dict(values))
+    try:
+        t.err = check()
+        if not t.err <= BOUND:  # NaN fails too
+            t.error = f"relative error {t.err:.3g} > {BOUND}"
+            return t
+        for case, timer in timings:
+            t.us[case] = timer()
+    except Exception as exc:  # noqa: BLE001 - one candidate's compile or launch limit: the others still run
+        t.error = f"{type(exc).__name__}: {exc}"[:240]
+    return t
+
+
+# -- Gated DeltaNet decode step ------------------------------------------------------------------------
+GDN_PRESET = "qwen3.5-0.8b"
+GDN_BATCHES = (1, 16, 64)
+GDN_RULES = [dict(block_v=bv, narrow_block_v=nb, programs_per_sm=p)
+             for bv in (16, 32, 64) for nb in (8, 16, 32) for p in (1, 2, 4) if nb <= bv]
+
+
+def _gdn_trials(device: str, deadline: float | None, log: Callable[[str], None]) -> list[Trial]:
+    from ..model import build
+    from ..ops.gated_delta_decode import GdnDims, gdn_block_v
+    from .ops import check_gdn, time_gdn
+
+    model = build(GDN_PRESET, dtype=torch.bfloat16, device=device, seed=0)
+    cfg = model.cfg
+    dims = GdnDims(cfg.gdn_num_k_heads, cfg.gdn_num_v_heads, cfg.gdn_k_head_dim, cfg.gdn_v_head_dim)
+    current = _current("gated_delta_decode", device)
+    rule_keys = ("block_v", "narrow_block_v", "programs_per_sm")
+    rules = [{k: current[k] for k in rule_keys}] + [r for r in GDN_RULES if r != {k: current[k] for k in rule_keys}]
+    seen: dict[tuple[int, int], Trial] = {}  # (batch, columns) -> its measurement
+    trials = []
+    for rule in rules:
+        if trials and deadline is not None and time.perf_counter() > deadline:
+            break
+        t = Trial(dict(rule))
+        for b in GDN_BATCHES:
+            bv = gdn_block_v(b, dims, **rule)
+            if (b, bv) not in seen:
+                seen[b, bv] = _run_trial({"batch": b, "block_v": bv}, lambda: check_gdn(model, b, block_v=bv),
+                                         [("x", lambda: time_gdn(model, b, block_v=bv).us)])
+            got = seen[b, bv]
+            t.err = max(t.err or 0.0, got.err if got.err is not None else float("inf"))
+            if got.error:
+                t.error = f"batch {b}, block_v {bv}: {got.error}"
+                break
+            t.us[f"B={b}"] = got.us["x"]
+        trials.append(t)
+        log(f"  gated_delta_decode {rule}: " + (t.error or ", ".join(f"{c} {u:.2f} µs" for c, u in t.us.items())))
+    return trials
+
+
+# -- attention decode step ---------------------------------------------------------------------------
+ATTENTION_PRESETS = ("lfm2-350m", "qwen3.5-0.8b")
+ATTENTION_CASES = ((1, 2048), (1, 8192), (16, 2048), (16, 8192))  # (batch, cache slots)
+ATTENTION_RULES = [dict(min_chunk=c, max_chunks=n) for c in (64, 128, 256, 512) for n in (16, 32, 64, 128)]
+
+
+def _attention_trials(device: str, deadline: float | None, log: Callable[[str], None]) -> list[Trial]:
+    from ..model import build
+    from ..ops.attention_decode import attention_chunk
+    from .ops import check_attention, time_attention
+
+    current = _current("attention_decode", device)
+    rule_keys = ("min_chunk", "max_chunks")
+    now = {k: current[k] for k in rule_keys}
+    rules = [now] + [r for r in ATTENTION_RULES if r != now]
+    trials = []
+    for preset in ATTENTION_PRESETS:
+        model = build(preset, dtype=torch.bfloat16, device=device, seed=0)
+        hd = model.cfg.head_dim
+        seen: dict[tuple[int, int, int], Trial] = {}
+        for i, rule in enumerate(rules):
+            if i and deadline is not None and time.perf_counter() > deadline:
+                break
+            t = trials[i] if i < len(trials) else Trial(dict(rule))
+            if i >= len(trials):
+                trials.append(t)
+            for b, slots in ATTENTION_CASES:
+                chunk, _ = attention_chunk(slots, hd, **rule)
+                if (b, slots, chunk) not in seen:
+                    seen[b, slots, chunk] = _run_trial(
+                        {"chunk": chunk}, lambda: check_attention(model, b, slots, chunk=chunk),
+                        [("x", lambda: time_attention(model, b, slots, chunk=chunk).us)])
+                got = seen[b, slots, chunk]
+                t.err = max(t.err or 0.0, got.err if got.err is not None else float("inf"))
+                if got.error:
+                    t.error = f"{preset} B={b} slots={slots} chunk={chunk}: {got.error}"
+                    break
+                t.us[f"{preset} B={b} slots={slots}"] = got.us["x"]
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    for t in trials:
+        log(f"  attention_decode {t.values}: " + (t.error or f"{sum(t.us.values()):.1f} µs over {len(t.us)} cases"))
+    return trials
+
+
+# -- chunked delta rule (prefill) ----------------------------------------------------------------------
+CHUNK_LENGTHS = (4096, 16384)
+CHUNK_SHAPE = (16, 128)  # heads, head dim: Qwen3.5-0.8B's linear-attention layers
+CHUNK_CHOICES = {"block_v": (16, 32), "num_warps": (4, 8), "num_stages": (1, 2, 3), "output_block_v": (64, 128)}
+CHECK_LENGTH = 333  # several chunks and a partial one, short enough for the step-by-step reference
+
+
+def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None]) -> list[Trial]:
+    from ..lab.timing import measure
+    from ..ops.chunk_delta_rule import chunk_delta_rule
+    from ..ops.delta_rule import delta_rule_recurrent_ref
+    from .gdn_prefill import _inputs
+    from .ops import rel_err
+
+    small = _inputs(1, CHECK_LENGTH, *CHUNK_SHAPE, seed=3, device=device)
+    ref_o, ref_s = delta_rule_recurrent_ref(small["q"], small["k"], small["v"], small["g"], small["beta"],
+                                            small["initial_state"])
+    big = {t: _inputs(1, t, *CHUNK_SHAPE, device=device) for t in CHUNK_LENGTHS}
+    current = _current("chunk_delta_rule", device)
+
+    def trial(values: dict) -> Trial:
+        kw = {k: values[k] for k in CHUNK_CHOICES}
+
+        def check() -> float:
+            o, s = chunk_delta_rule(**small, **kw)
+            return max(rel_err(o, ref_o), rel_err(s, ref_s))
+
+        timings = [(f"T={t}", lambda t=t: measure(lambda: chunk_delta_rule(**big[t], **kw), device=device,
+                                                  graph=True, repeats=10).us) for t in CHUNK_LENGTHS]
+        got = _run_trial(values, check, timings)
+        log(f"  chunk_delta_rule {kw}: " + (got.error or ", ".join(f"{c} {u / 1e3:.3f} ms" for c, u in got.us.items())))
+        return got
+
+    best = trial({k: current[k] for k in CHUNK_CHOICES})
+    trials = [best]
+    for name, choices in CHUNK_CHOICES.items():  # one setting at a time, from the best so far
+        for v in choices:
+            if v == best.values[name] or (deadline is not None and time.perf_counter() > deadline):
+                continue
+            t = trial(best.values | {name: v})
+            trials.append(t)
+            if not t.error and geomean_ratio(t.us, best.us) < 0.98:  # beyond run-to-run noise
+                best = t
+    return trials
+
+
+TUNERS = {
+    "gated_delta_decode": KernelTuner("gated_delta_decode", "Qwen3.5-0.8B's GDN step at batches 1, 16, 64", _gdn_trials),
+    "attention_decode": KernelTuner("attention_decode", "both presets' attention step at batches 1 and 16, "
+                                    "2,048 and 8,192 cache slots", _attention_trials),
+    "chunk_delta_rule": KernelTuner("chunk_delta_rule", "one sequence of T = 4,096 and 16,384, 16 heads x 128",
+                                    _chunk_trials),
+}
+
+
+def tune_kernel(kernel: str, *, device: str = "cuda", deadline: float | None = None, command: str = "",
+                log: Callable[[str], None] = print) -> dict:
+    """``kernel``'s settings entry: the winner's values (only the settings swept; the others keep
+    the file's), how it was measured, and every trial."""
+    tuner = TUNERS[kernel]
+    t0 = time.perf_counter()
+    trials = tuner.trials(device, deadline, log)
+    best = best_trial(trials)
+    speedup = 1 / geomean_ratio(best.us, trials[0].us)
+    log(f"  {kernel}: {best.values} ({speedup:.3f}x the current settings; {len(trials)} candidates, "
+        f"{time.perf_counter() - t0:.0f} s)")
+    return {
+        "values": {**_current(kernel, device), **best.values},
+        "source": command or "python -m labkit tune",
+        "date": _dt.date.today().isoformat(),
+        "measured": (f"labkit.bench.tune_kernels: {tuner.cases}; each candidate checked against its reference "
+                     f"(relative error <= {BOUND}), then timed alone in a CUDA graph (median of replays); the "
+                     f"winner has the smallest geometric-mean time relative to the settings before the run "
+                     f"(the first candidate), here {speedup:.3f}x faster"),
+        "candidates": [t.row() for t in trials],
+    }
+
+
+__all__ = ["TUNERS", "Trial", "best_trial", "geomean_ratio", "tune_kernel"]

@@ -1,0 +1,98 @@
+"""The full tuner (python -m labkit tune): which kernels it covers, and how a sweep picks its winner
+(labkit.bench.tune_kernels). The timings themselves need a GPU: the run is in data/bench/<gpu>/tune-run.json."""
+
+import math
+
+import pytest
+
+from labkit import tuning
+from labkit.bench import tune, tune_kernels
+from labkit.bench.tune_kernels import Trial, best_trial, geomean_ratio
+
+
+def test_every_kernel_with_settings_is_tuned_or_says_why_not():
+    covered = set(tune.SECTIONS) | set(tune.UNTUNED)
+    assert set(tuning.KERNELS) <= covered, f"not covered by labkit tune: {set(tuning.KERNELS) - covered}"
+    assert set(tune_kernels.TUNERS) <= set(tune.SECTIONS)
+    assert not set(tune.UNTUNED) & (set(tune.SECTIONS) - {"linear"})  # ("linear": blockings tuned, placement not)
+    assert all(why for why in tune.UNTUNED.values())
+    assert set(tune.SHARES) == set(tune.SECTIONS) and math.isclose(sum(tune.SHARES.values()), 1.0)
+
+
+def test_sweeps_only_name_real_settings():
+    for kernel, rules in (("gated_delta_decode", tune_kernels.GDN_RULES), ("attention_decode", tune_kernels.ATTENTION_RULES)):
+        assert rules and all(set(r) <= set(tuning.HEURISTICS[kernel]) for r in rules)
+    assert set(tune_kernels.CHUNK_CHOICES) <= set(tuning.HEURISTICS["chunk_delta_rule"])
+
+
+def test_geomean_ratio():
+    assert geomean_ratio({"a": 2.0, "b": 8.0}, {"a": 1.0, "b": 2.0}) == pytest.approx(math.sqrt(8))
+    assert geomean_ratio({"a": 5.0}, {"a": 5.0}) == pytest.approx(1.0)
+
+
+def test_best_trial_takes_the_fastest_that_passed_and_measured_every_case():
+    base = Trial({"x": 1}, 1e-3, {"a": 10.0, "b": 10.0})
+    wrong = Trial({"x": 2}, 0.5, {"a": 1.0, "b": 1.0}, error="relative error 0.5 > 0.01")
+    partial = Trial({"x": 3}, 1e-3, {"a": 2.0})  # a deadline cut it: not comparable
+    faster = Trial({"x": 4}, 1e-3, {"a": 9.0, "b": 8.0})
+    slower = Trial({"x": 5}, 1e-3, {"a": 11.0, "b": 12.0})
+    assert best_trial([base, wrong, partial, faster, slower]) is faster
+    assert best_trial([base, slower]) is base  # never slower than what runs today
+    with pytest.raises(RuntimeError, match="fail their own check"):
+        best_trial([Trial({"x": 1}, float("nan"), error="relative error nan > 0.01"), faster])
+
+
+def test_a_trial_with_nan_or_a_crash_is_an_error_not_a_winner():
+    nan = tune_kernels._run_trial({"x": 1}, lambda: float("nan"), [("a", lambda: 1.0)])
+    assert nan.error and not nan.us
+    boom = tune_kernels._run_trial({"x": 1}, lambda: 0.0, [("a", lambda: 1 / 0)])
+    assert boom.error.startswith("ZeroDivisionError")
+    ok = tune_kernels._run_trial({"x": 1}, lambda: 1e-4, [("a", lambda: 3.0)])
+    assert ok.error is None and ok.us == {"a": 3.0} and ok.row()["us"] == {"a": 3.0}
+
+
+def test_tune_without_a_gpu_says_so(capsys):
+    assert tune.main([]) == 2
+    assert "CUDA GPU" in capsys.readouterr().out
+
+
+class _FakeTiming:
+    def __init__(self, us):
+        self.us = us
+
+
+@pytest.mark.parametrize("kernel", sorted(tune_kernels.TUNERS))
+def test_each_sweep_checks_against_its_reference_and_writes_an_entry(kernel, monkeypatch):
+    # the real checks on tiny shapes in the interpreter; the timer is faked (a CPU has no CUDA graphs):
+    # each candidate's "time" is a function of its settings, so the winner is known in advance
+    from labkit.bench import ops as bench_ops
+    from labkit.lab import timing
+
+    monkeypatch.setattr(tune_kernels, "GDN_PRESET", "tiny-qwen3.5")
+    monkeypatch.setattr(tune_kernels, "GDN_BATCHES", (1, 3))
+    monkeypatch.setattr(tune_kernels, "ATTENTION_PRESETS", ("tiny-lfm2",))
+    monkeypatch.setattr(tune_kernels, "ATTENTION_CASES", ((1, 40), (3, 40)))
+    monkeypatch.setattr(tune_kernels, "CHUNK_SHAPE", (2, 16))
+    monkeypatch.setattr(tune_kernels, "CHUNK_LENGTHS", (70,))
+    monkeypatch.setattr(tune_kernels, "CHECK_LENGTH", 45)
+    monkeypatch.setattr(tune_kernels, "CHUNK_CHOICES", {"num_warps": (4, 8)})
+    monkeypatch.setattr(bench_ops, "time_gdn", lambda model, b, block_v=None: _FakeTiming(10.0 * b))
+    monkeypatch.setattr(bench_ops, "time_attention", lambda model, b, slots, chunk=None: _FakeTiming(1000.0 / chunk))
+    calls = []
+
+    def fake_measure(fn, **kw):
+        calls.append(fn)
+        return _FakeTiming(7.0 if len(calls) == 1 else 5.0)  # the second candidate (8 warps) is faster
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    lines = []
+    entry = tune_kernels.tune_kernel(kernel, device="cpu", log=lines.append)
+    assert set(entry["values"]) == set(tuning.HEURISTICS[kernel])
+    assert all(c["rel_err"] is not None and c["rel_err"] <= tune_kernels.BOUND for c in entry["candidates"]
+               if "error" not in c)
+    assert entry["candidates"][0]["values"].items() <= dict(tuning.settings(kernel, "cpu")).items()
+    if kernel == "chunk_delta_rule":
+        assert entry["values"]["num_warps"] == 8
+    from labkit.tuning.files import check_document
+
+    check_document({"format": tuning.FORMAT, "gpu": "X", "settings": {kernel: entry}}, "test")
