@@ -165,6 +165,7 @@ OWN_PARSERS = {
     "hit-host": ("labkit.bench.prefix_hit", ("hit-host",)),  # a prefix-cache hit's host side, piece by piece
     "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
     "persistent-timeline": ("labkit.bench.persistent_timeline", ()),  # one persistent step, stamped on the device
+    "pitfalls": ("labkit.bench.pitfalls", ()),  # the article's pitfalls: shared memory past 48 KB, host work, TF32
 }
 
 
