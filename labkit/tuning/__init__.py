@@ -54,7 +54,7 @@ __all__ = [
     "FORMAT", "HEURISTICS", "IMPLS", "KERNELS", "KEY_FIELDS", "TUNE_COMMAND", "TUNING_DIR", "TuningFileError",
     "UntunedGPUWarning", "config_from_dict", "config_to_dict", "device_document", "device_table", "forget", "gpu_name",
     "gpu_slug", "impl_table", "key_from_dict", "key_to_dict", "linear_config", "linear_impl", "linear_table",
-    "pdl_placement", "read_tuning_file", "settings", "tma_config", "tuning_path", "update_tuning_file",
+    "pdl_placement", "read_tuning_file", "settings", "tma_config", "tuning_path", "untuned_message", "update_tuning_file",
     "write_tuning_file",
 ]
 
@@ -114,14 +114,15 @@ def _load(device: torch.device | str | int | None, directory: Path) -> _Loaded |
     loaded = _loaded[key]
     if loaded.doc is None and name not in _warned:
         _warned.add(name)
-        warnings.warn(
-            f"no tuned kernel settings for {name} ({tuning_path(name, directory)} does not exist): every kernel "
-            f"uses its heuristic settings (blockings from a rule, launch settings measured on the H200), which may "
-            f"be slower. Run `{TUNE_COMMAND}` on this GPU to make the file.",
-            UntunedGPUWarning,
-            stacklevel=3,
-        )
+        warnings.warn(untuned_message(name, directory), UntunedGPUWarning, stacklevel=3)
     return loaded
+
+
+def untuned_message(name: str, directory: Path = TUNING_DIR) -> str:
+    """What the one :class:`UntunedGPUWarning` for the GPU model ``name`` says."""
+    return (f"no tuned kernel settings for {name} ({tuning_path(name, directory)} does not exist): every kernel "
+            f"uses its heuristic settings (blockings from a rule, launch settings measured on the H200), which may "
+            f"be slower. Run `{TUNE_COMMAND}` on this GPU to make the file.")
 
 
 def device_document(device: torch.device | str | int | None = None, directory: Path = TUNING_DIR) -> dict | None:
