@@ -35,6 +35,23 @@ def _strip(args: argparse.Namespace) -> int:
     return 0
 
 
+def _colab(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .lab.notebooks import add_colab_cells, has_colab_cells, notebook_paths
+
+    paths = [Path(p) for p in args.paths] or notebook_paths()
+    if args.check:  # every notebook starts with the current cells (CI; nothing is written)
+        stale = [p for p in paths if not has_colab_cells(json.loads(p.read_text(encoding="utf-8")), p.name)]
+        for path in stale:
+            print(f"{path}: its Colab cells are missing or stale; run python -m labkit colab-cells")
+        return 1 if stale else 0
+    for path in paths:
+        print(f"{path}: {'wrote the Colab cells' if add_colab_cells(path) else 'up to date'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own_parsers = {  # commands with their own parser: python -m labkit <command> --help
@@ -66,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                            "notebooks before committing them (labkit notebooks already writes them without it)")
     strip.add_argument("paths", nargs="+")
     strip.set_defaults(func=_strip)
+    colab = sub.add_parser("colab-cells", help="put the 'Open in Colab' badge and the Colab install cell first in "
+                           "the notebooks (idempotent; default: every notebook in notebooks/)")
+    colab.add_argument("paths", nargs="*")
+    colab.add_argument("--check", action="store_true", help="write nothing; exit 1 if a notebook's cells are stale")
+    colab.set_defaults(func=_colab)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench --help (decode, prefill, ops, cache, table, "
                    "chain, tma, hit-timeline, hit-host, ...)")
     sub.add_parser("tune", help="sweep the linear kernels' blockings on this GPU into data/tuning/<gpu>.json")

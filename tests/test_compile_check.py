@@ -1,6 +1,7 @@
 """`python -m labkit compile-check`: the fused step's kernels and the persistent step go through Triton's real compiler
 (and ptxas) for sm_90 (H100/H200) and sm_100 (B200) on a machine without a GPU, which the CPU interpreter never
-exercises."""
+exercises; and for sm_80 (A100) the variants an older GPU runs: without PDL, the persistent step without its
+bulk prefetch (ptxas would refuse either there)."""
 
 import os
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("arch", [90, 100])
+@pytest.mark.parametrize("arch", [80, 90, 100])
 def test_the_decode_kernels_compile_without_a_gpu(arch):
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -27,6 +28,8 @@ def test_the_decode_kernels_compile_without_a_gpu(arch):
     for kernel in ("_linear_kernel", "_gdn_decode_kernel", "_attention_decode_kernel", "_argmax_reduce_kernel",
                    "_persistent_step_kernel"):
         assert kernel in run.stdout
+    hopper = arch >= 90
+    assert ("USE_PDL=True" in run.stdout) == hopper and ("PREFETCH=0" in run.stdout) != hopper
 
 
 def test_a_process_running_the_interpreter_is_refused(capsys):

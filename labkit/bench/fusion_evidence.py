@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..model import HybridLM
+from ..ops.features import MissingFeature, features
 from . import ops as opbench
 
 
@@ -270,14 +271,26 @@ def timeline_summary(spans: Sequence) -> dict:
                 overlapping=sum(g < 0 for g in gaps), median_gap_us=ordered[len(ordered) // 2] if ordered else 0.0)
 
 
+def pdl_missing(model: HybridLM) -> str | None:
+    """Why ``model``'s GPU cannot run the PDL evidence (a GPU older than sm_90), or None."""
+    try:
+        features(model.device).require("pdl", "the PDL evidence", "It is recorded as skipped on this GPU.")
+    except MissingFeature as e:
+        return str(e)
+    return None
+
+
 def pdl_timelines(model: HybridLM, batch: int = 1) -> dict:
     """One ``fused+graph`` and one ``fused+graph+pdl`` step under the profiler: each kernel's start
     and duration (µs from the step's first kernel), the step time measured outside the profiler,
-    and :func:`timeline_summary` of each."""
+    and :func:`timeline_summary` of each. On a GPU without PDL the second is ``{"skipped": why}``."""
     from ..lab.profile import profile_decode
 
     out = {}
     for backend in ("fused+graph", "fused+graph+pdl"):
+        if backend.endswith("+pdl") and (why := pdl_missing(model)):
+            out[backend] = {"skipped": why}
+            continue
         p = profile_decode(model, backend, batch, context=128, steps=5, warmup=3)
         spans = [dict(name=s.name, family=s.family, start_us=s.start_us, dur_us=s.dur_us) for s in p.timeline]
         out[backend] = dict(step_us=p.step_ms * 1e3, kernels_per_step=p.kernels_per_step, spans=spans,
@@ -360,7 +373,8 @@ def collect(models: dict[str, HybridLM], parts: Sequence[str] = PARTS, log=print
             on_part: Callable[[dict], None] | None = None) -> dict:
     """Every part of the evidence for ``models`` (name -> model on a GPU; the Gated DeltaNet parts use
     the first model with GDN layers). A part that fails is recorded as ``{"error": ...}``, and the
-    rest still run; ``on_part(doc)`` is called after each (e.g. to write the file as it grows)."""
+    rest still run; ``on_part(doc)`` is called after each (e.g. to write the file as it grows). On a GPU
+    without PDL (older than sm_90) the PDL evidence is recorded as ``{"skipped": why}``."""
     from ..lab.hw import measure_launch_overhead
 
     unknown = set(parts) - set(PARTS)
@@ -368,12 +382,13 @@ def collect(models: dict[str, HybridLM], parts: Sequence[str] = PARTS, log=print
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     gdn = next((m for m in models.values() if "gdn" in m.cfg.layer_types), None)
     every = lambda fn: [r for m in models.values() for r in fn(m)]  # noqa: E731
+    missing = [why for why in map(pdl_missing, models.values()) if why]
     steps = {
         "launch": lambda: measure_launch_overhead(device="cuda"),
         "block_v": lambda: gdn_block_v_rows(gdn, (1, 16), (4, 8, 16, 32, 64, 128)) if gdn else [],
         "fit": lambda: every(lambda m: linear_points(m, 1)),
         "pdl": lambda: {n: pdl_timelines(m, 1) for n, m in models.items()},
-        "pdl_chain": lambda: every(lambda m: pdl_chain_rows(m, 1)),
+        "pdl_chain": lambda: ({"skipped": missing[0]} if missing else every(lambda m: pdl_chain_rows(m, 1))),
         "host": lambda: {n: host_costs(m) for n, m in models.items()},
         "norm": lambda: every(lambda m: norm_prologue_rows(m, 1)),
         "batch16": lambda: every(lambda m: batch_config_rows(m, 16)),
@@ -385,7 +400,8 @@ def collect(models: dict[str, HybridLM], parts: Sequence[str] = PARTS, log=print
             doc[name] = steps[name]()
         except Exception as exc:  # one failed part must not lose the others
             doc[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        log(f"{name}: {time.perf_counter() - t0:.1f} s" + (f" ({doc[name]['error']})" if "error" in doc[name] else ""))
+        said = next((f" ({k}: {doc[name][k]})" for k in ("error", "skipped") if isinstance(doc[name], dict) and k in doc[name]), "")
+        log(f"{name}: {time.perf_counter() - t0:.1f} s{said}")
         if on_part is not None:
             on_part(doc)
     return doc

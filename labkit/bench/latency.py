@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops.features import features
 from ..ops.launch import globaltimer
 
 ROW = 32  # int32 per row: 128 bytes, one cache line
@@ -106,6 +107,8 @@ def chase(table: torch.Tensor, start: int, steps: int, style: str = "pointer",
         raise ValueError("stamps read the GPU's global timer: an int64 [2] tensor on a CUDA device")
     desc = None
     if style == "descriptor":
+        # before sm_90 Triton turns a descriptor into plain loads: refused, not measured under TMA's name
+        features(table.device).require("tma", 'chase(style="descriptor")', 'Use style="pointer".')
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         desc = TensorDescriptor.from_tensor(table, [1, ROW])

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from .. import resources, tuning
+from ..ops.features import features
 from ..ops.launch import cdiv, check_eps, check_no_overlap, check_tensor
 
 KERNELS_DIR = resources.kernels_dir()
@@ -72,14 +73,14 @@ def require_nvcc() -> str:
 
 # -- architecture, hash, build ------------------------------------------------------------------------
 def arch_of(device: torch.device | str | int | None = None) -> str:
-    """The nvcc target of a CUDA device: ``"90a"`` for Hopper, ``"100a"`` for B200. TMA needs
-    compute capability 9.0 or newer: an older GPU is a clear error."""
-    if not torch.cuda.is_available():
+    """The nvcc target of a CUDA device: ``"90a"`` for Hopper, ``"100a"`` for B200. The kernels use
+    TMA (:mod:`labkit.ops.features`): an older GPU is a clear error (MissingFeature)."""
+    have = features(device)
+    if have.kind != "cuda":
         raise RuntimeError("labkit.cuda kernels need a CUDA GPU, and torch sees none here")
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 9:
-        name = torch.cuda.get_device_name(device)
-        raise RuntimeError(f"the TMA kernels need a Hopper (sm_90) or newer GPU; {name} is sm_{major}{minor}")
+    have.require("tma", "labkit.cuda's kernels (tma_linear)",
+                 "Use labkit.ops.linear.linear, the Triton GEMV that every rung runs on any GPU.")
+    major, minor = have.capability
     return f"{major}{minor}a"
 
 

@@ -45,6 +45,7 @@ from .plan import AttentionLayerPlan, ConvLayerPlan, LinearPlan, StepPlan, build
 from .protocol import Decoder
 from ..cache import HybridCache
 from ..model import HybridLM
+from ..ops.features import features
 from ..weights import WeightsKey, weights_key
 
 
@@ -93,6 +94,9 @@ class FusedDecoder(FusedPrefill, Decoder):
             raise ValueError("the cache was made for another model configuration")
         if cache.device != device or cache.dtype != model.dtype:
             raise ValueError(f"cache is {cache.dtype} on {cache.device}; the model is {model.dtype} on {device}")
+        if self.pdl:  # first: on an older GPU this is the reason the rung cannot be made
+            features(device).require("pdl", 'backend "fused+graph+pdl"',
+                                     'Use backend "fused+graph": the same kernels and graph, without PDL.')
         if (self.graph or self.pdl) and not graphs.GRAPHS.available(device):
             raise RuntimeError(
                 f"the fused+graph backends capture the decode step in a CUDA graph, which needs a CUDA GPU; "
@@ -104,8 +108,10 @@ class FusedDecoder(FusedPrefill, Decoder):
                 f"the fused backend runs Triton kernels, which need a CUDA GPU; for a model on {device}, set "
                 "TRITON_INTERPRET=1 before importing triton (or labkit) to run them in Triton's interpreter"
             )
-        if self.pdl and torch.cuda.get_device_capability(device)[0] < 9:
-            raise RuntimeError("programmatic dependent launch needs a Hopper (sm_90) or newer GPU")
+
+    @property
+    def hopper_features(self) -> frozenset[str]:
+        return frozenset({"pdl"} if self.pdl else ())
 
     @property
     def checked_weights(self) -> WeightsKey | None:

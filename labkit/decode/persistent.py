@@ -10,8 +10,15 @@ the length increment folded in, so a step is one graph node; in Triton's interpr
 eagerly, with one program. The prefill is ``"fused"``'s.
 
 Settings (``tuning.settings("persistent_decode")``): programs per SM, warps, the projections' K
-tile and the bounds of their output tiles. The grid is checked against what fits on the GPU at
-once (a program that is not resident would make every other wait for ever).
+tile and the bounds of their output tiles, and ``prefetch_tiles``. The grid is checked against
+what fits on the GPU at once (a program that is not resident would make every other wait for ever).
+
+On a GPU older than sm_90 (A100, L4, RTX 4090), which has no bulk L2 prefetch
+(:mod:`labkit.ops.features`), the rung runs the same kernel with ``prefetch_tiles`` 0: each program
+streams its weights without asking L2 for them ahead. That is this rung's non-Hopper path, taken
+when the prefetch comes from the tuning file or its heuristic; a caller who asks for a prefetch by
+name (``settings={"prefetch_tiles": 2}``) on such a GPU gets a MissingFeature error instead, so that
+what is measured is what was asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from .step_program import StepProgram, build_step_program
 from .. import tuning
 from ..cache import HybridCache
 from ..model import HybridLM
+from ..ops.features import features
 
 
 class PersistentDecoder(FusedDecoder):
@@ -42,6 +50,12 @@ class PersistentDecoder(FusedDecoder):
         if unknown:
             raise ValueError(f"unknown persistent_decode settings {sorted(unknown)}; known: {sorted(self.settings)}")
         self.settings.update(settings or {})
+        have = features(model.device)
+        if self.settings["prefetch_tiles"] and not have.bulk_prefetch:
+            asked = (settings or {}).get("prefetch_tiles")
+            if asked:  # by name: refused, not quietly dropped
+                have.require("bulk_prefetch", f"the persistent rung's prefetch_tiles={asked}", "Use prefetch_tiles=0.")
+            self.settings["prefetch_tiles"] = 0  # the tuning file's or heuristic's: the non-Hopper path
         self._programs: dict[bool, tuple[StepPlan, StepProgram, Any, Any, torch.Tensor]] = {}
         super().__init__(model, cache, graph=graphs.GRAPHS.available(model.device), pdl=False)
 
@@ -107,18 +121,12 @@ class PersistentDecoder(FusedDecoder):
         t0 = stamps[stamps >= 0].min()
         return prog, torch.where(stamps >= 0, stamps - t0, stamps)
 
-    def _prefetch_tiles(self) -> int:
-        """How many tiles ahead each program asks L2 for its weights. Hopper's bulk prefetch is
-        sm_90's; an older GPU streams without it (the interpreter runs the arithmetic, with no
-        cache to fill)."""
-        device = self.model.device
-        if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
-            return 0
-        return self.settings["prefetch_tiles"]
+    @property
+    def hopper_features(self) -> frozenset[str]:
+        return frozenset({"bulk_prefetch"} if self.settings["prefetch_tiles"] else ())
 
     def _launch_settings(self) -> dict[str, int]:
-        return {**{k: self.settings[k] for k in ("num_warps", "max_registers", "num_stages")},
-                "prefetch_tiles": self._prefetch_tiles()}
+        return {k: self.settings[k] for k in ("num_warps", "max_registers", "num_stages", "prefetch_tiles")}
 
     def _forward(self, plan: StepPlan, greedy: bool) -> None:
         self._launch_step(plan, greedy, advance=False)

@@ -16,6 +16,10 @@ decoder's attributes: a rung overrides what it does better than the default.
   ``prefill_cores`` can honour (state checkpoints from the chunk kernel's walk); ``None``: none.
 - ``prefill_continuation(input_ids, ids_checked=, weights=)``: a prompt that continues the cached
   sequences (the tail after a restored prefix); default: :meth:`prefill`.
+- ``hopper_features``: the features of :mod:`labkit.ops.features` (``"pdl"``, ``"bulk_prefetch"``,
+  ...: sm_90 and newer) that this decoder's kernels use; empty (the default) for a rung that uses
+  none. A rung decides at construction: on a GPU without a feature it takes its path without it, or
+  raises :class:`labkit.ops.features.MissingFeature` (see the registry's declarations).
 - ``checked_weights``: the model's :func:`labkit.weights.weights_key` as the rung last took it
   (``None``: it took none), so a caller passes it on rather than taking it again.
 """
@@ -40,6 +44,7 @@ class Decoder:
     model: HybridLM
     cache: HybridCache
     checkpoint_multiple: int | None = None
+    hopper_features: frozenset[str] = frozenset()
 
     def __init__(self, model: HybridLM, cache: HybridCache) -> None:
         self.model, self.cache = model, cache

@@ -6,6 +6,12 @@ climb from it one optimisation at a time. A rung is a factory ``(model, cache) -
 options, pooled), so ``BACKENDS`` names all of them without importing any: a rung's module is
 imported the first time one of its decoders is made. :func:`register` adds a user's rung.
 
+Each built-in rung declares what it does on a GPU without Hopper's features (PDL, TMA, the bulk
+prefetch: sm_90 and newer, :mod:`labkit.ops.features`), as an :class:`OlderGpus`: the features it
+cannot be made without (it raises MissingFeature when made, naming the rung to use instead) and
+those it uses where present and goes without elsewhere. ``ON_OLDER_GPUS`` holds the declarations;
+tests/test_other_gpus.py makes every rung on a stand-in A100 and checks each against what it does.
+
 ``generate`` without a cache asks :func:`leased_decoder`, which keeps the decoders of rungs
 registered with ``pooled=True`` (and their caches) on the model for later calls, and lends each
 to one caller at a time.
@@ -23,14 +29,39 @@ from typing import Callable, Iterator
 from .protocol import Decoder, checked_decoder
 from ..cache import HybridCache
 from ..model import HybridLM
+from ..ops.features import FEATURES, features
+
+
+@dataclass(frozen=True)
+class OlderGpus:
+    """What a rung does on a GPU without some of :data:`labkit.ops.features.FEATURES`: ``needs``,
+    the features it refuses to be made without (MissingFeature, naming the rung ``instead``);
+    ``optional``, those it uses where the GPU has them and goes without elsewhere (the same
+    function, another path). Neither: it uses none, and runs on any CUDA GPU as on a Hopper."""
+
+    needs: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    instead: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = (set(self.needs) | set(self.optional)) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown features {sorted(unknown)}; known: {', '.join(FEATURES)}")
+        if bool(self.needs) != (self.instead is not None):
+            raise ValueError("a rung that needs a feature names the rung to use instead (and only such a rung)")
+
+
+ANY_GPU = OlderGpus()  # uses no sm_90 feature
 
 
 @dataclass(frozen=True)
 class Rung:
-    """A built-in rung: ``module.factory(model, cache, **options)``, the module imported when first made."""
+    """A built-in rung: ``module.factory(model, cache, **options)``, the module imported when first
+    made; ``older_gpus``: what it does on a GPU without Hopper's features."""
 
     module: str
     factory: str
+    older_gpus: OlderGpus
     options: tuple[tuple[str, object], ...] = ()
 
     def __call__(self, model: HybridLM, cache: HybridCache) -> Decoder:
@@ -40,27 +71,46 @@ class Rung:
 _FUSED = "labkit.decode.fused"
 # name: (rung, pooled: its decoders are worth keeping between generate calls)
 _LADDER: dict[str, tuple[Rung, bool]] = {
-    "reference": (Rung("labkit.decode.reference", "ReferenceDecoder"), False),
-    "reference+graph": (Rung("labkit.decode.reference_graph", "ReferenceGraphDecoder"), False),
-    "fused": (Rung(_FUSED, "fused_decoder"), True),
-    "fused+graph": (Rung(_FUSED, "fused_decoder", (("graph", True),)), True),
-    "fused+graph+pdl": (Rung(_FUSED, "fused_decoder", (("graph", True), ("pdl", True))), True),
-    "persistent": (Rung("labkit.decode.persistent", "persistent_decoder"), True),
+    "reference": (Rung("labkit.decode.reference", "ReferenceDecoder", ANY_GPU), False),
+    "reference+graph": (Rung("labkit.decode.reference_graph", "ReferenceGraphDecoder", ANY_GPU), False),
+    "fused": (Rung(_FUSED, "fused_decoder", ANY_GPU), True),
+    "fused+graph": (Rung(_FUSED, "fused_decoder", ANY_GPU, (("graph", True),)), True),
+    "fused+graph+pdl": (Rung(_FUSED, "fused_decoder", OlderGpus(needs=("pdl",), instead="fused+graph"),
+                             (("graph", True), ("pdl", True))), True),
+    # without the bulk prefetch: prefetch_tiles 0 (labkit.decode.persistent's docstring)
+    "persistent": (Rung("labkit.decode.persistent", "persistent_decoder", OlderGpus(optional=("bulk_prefetch",))),
+                   True),
 }
 
 BACKENDS: dict[str, Callable[[HybridLM, HybridCache], Decoder]] = {name: r for name, (r, _) in _LADDER.items()}
 POOLED: set[str] = {name for name, (_, pooled) in _LADDER.items() if pooled}  # kept on the model for reuse
+ON_OLDER_GPUS: dict[str, OlderGpus] = {name: r.older_gpus for name, (r, _) in _LADDER.items()}
 POOL_SIZE = 4  # free pooled (backend, batch, cache length) entries per model, least recently used dropped
 _POOL = "labkit.decoder_pool"  # key in model.attachments: the free entries
 _POOL_LOCK = threading.Lock()  # guards every model's pool (taking and giving back are a few dict operations)
 
 
-def register(name: str, factory: Callable[[HybridLM, HybridCache], Decoder], *, pooled: bool = False) -> None:
+def register(name: str, factory: Callable[[HybridLM, HybridCache], Decoder], *, pooled: bool = False,
+             older_gpus: OlderGpus | None = None) -> None:
     """Add a rung. ``factory(model, cache)`` returns a :class:`~labkit.decode.protocol.Decoder`.
     ``pooled``: its decoders are worth keeping between ``generate`` calls (they compile, capture
-    graphs or allocate workspaces when made) and reuse a cache that is reset."""
+    graphs or allocate workspaces when made) and reuse a cache that is reset. ``older_gpus``: what
+    it does on a GPU without Hopper's features (None: undeclared)."""
     BACKENDS[name] = factory
     (POOLED.add if pooled else POOLED.discard)(name)
+    if older_gpus is None:
+        ON_OLDER_GPUS.pop(name, None)
+    else:
+        ON_OLDER_GPUS[name] = older_gpus
+
+
+def backends_for(device) -> list[str]:
+    """The rungs that can be made for a model on ``device``, as far as its features go
+    (:func:`labkit.ops.features.features`): every rung but those that need a feature it lacks
+    (an undeclared rung counts as needing nothing)."""
+    have = features(device)
+    return [name for name in BACKENDS
+            if all(have.has(f) for f in ON_OLDER_GPUS.get(name, ANY_GPU).needs)]
 
 
 def _factory(backend: str) -> Callable[[HybridLM, HybridCache], Decoder]:

@@ -3,6 +3,7 @@
     python -m labkit compile-check                      # sm_90 (H100/H200), both real presets
     python -m labkit compile-check --arch 100 --batches 1 8
     python -m labkit compile-check --gpu "NVIDIA H200"  # with that GPU's tuned blockings (data/tuning)
+    python -m labkit compile-check --arch 80            # an A100: the variants without PDL or bulk prefetch
 
 The CPU interpreter runs the kernels' Python; it does not run Triton's compiler, so a kernel can
 pass every CPU test and still fail to compile (types, layouts, shared memory). This script runs
@@ -10,7 +11,10 @@ one decode step of the "fused" backend (with and without PDL), and one of the "p
 (its one kernel, greedy), on CPU tensors of the real presets,
 but with Triton's driver replaced by a stand-in that reports a GPU target and launches nothing:
 every launch is compiled down to a cubin with the ptxas that ships with Triton, and nothing
-executes. It then reports, per kernel variant: registers, stack (spills), shared memory, and how many
+executes. The CPU stands in for the target (:func:`labkit.ops.features.stand_in`), so that what
+depends on the GPU's features is what that GPU would run: for a target older than sm_90 the step
+is compiled without PDL and the persistent kernel without its bulk prefetch. It then reports, per
+kernel variant: registers, stack (spills), shared memory, and how many
 16-byte load instructions (ld.global.v4 or cp.async of 16 bytes) its PTX has.
 
 It leans on Triton 3.6 internals (``triton.runtime.driver.set_active``, ``JITFunction.run``'s
@@ -133,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if not compile_only(args.arch):
         return 2
+    from labkit.ops.features import stand_in
 
+    with stand_in(f"compile-only sm_{args.arch}", divmod(args.arch, 10)) as target:
+        return _compile_all(args, target)
+
+
+def _compile_all(args: argparse.Namespace, target) -> int:
     import labkit
     from labkit import tuning
     from labkit.decode.fused import FusedDecoder
@@ -157,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets:
         model = labkit.build(preset, dtype=torch.bfloat16, device="cpu", seed=0)
         for batch in args.batches:
-            for pdl in (False, True):
+            for pdl in (False, True) if target.pdl else (False,):
                 for greedy in (False, True):
                     what = f"{preset} B={batch} pdl={pdl} greedy={greedy}"
                     try:

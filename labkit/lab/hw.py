@@ -120,6 +120,28 @@ def device_facts(device: str = "auto", measure: bool = True) -> DeviceFacts:
     )
 
 
+def hopper_only(section: str, device: str = "auto", needs: tuple[str, ...] = ("pdl", "tma")) -> bool:
+    """Whether a notebook's Hopper-only ``section`` runs here: False, with a line saying why it is
+    skipped, on a CUDA GPU that lacks one of ``needs`` (names of :data:`labkit.ops.features.FEATURES`:
+    an A100, L4 or RTX 4090, older than sm_90); True, silently, on a GPU that has them all, and on
+    a CPU, where the notebooks teach from the committed H200 files (and Triton's interpreter runs
+    the Hopper paths' arithmetic)."""
+    from ..ops.features import FEATURES, SHORT_NAMES, features
+
+    unknown = set(needs) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"unknown features {sorted(unknown)}; known: {', '.join(FEATURES)}")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if torch.device(device).type != "cuda":
+        return True
+    have = features(device)
+    missing = [f for f in needs if not have.has(f)]
+    if missing:
+        names = "/".join(SHORT_NAMES[f] for f in missing)
+        print(f"skipped: {section} needs sm_90 or newer ({names}); this GPU ({have.name}) is {have.arch}")
+    return not missing
+
+
 def versions() -> dict[str, str | None]:
     """Software versions worth recording next to any measured figure."""
     out: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}

@@ -15,6 +15,19 @@ from ..shipped import load_model  # noqa: F401  (the notebooks' loader: a shippe
 NOTEBOOK_DIR = resources.notebooks_dir() if resources.checkout() else None  # the lab's: not installed
 INJECTED = "injected-parameters"  # the tag of the cell papermill adds with a run's parameters
 
+# The repository on GitHub, for the notebooks' "Open in Colab" links and their Colab install cell.
+# PLACEHOLDER: the project has no public remote yet; change it here (and in pyproject.toml's
+# [project.urls], which tests/test_colab_cells.py checks agrees), then run
+# `python -m labkit colab-cells` to rewrite the notebooks' cells.
+REPOSITORY = "https://github.com/labkit-workbook/labkit"
+BRANCH = "main"
+COLAB_BADGE, COLAB_INSTALL = "colab-badge", "colab-install"  # the two cells' tags (and ids)
+COLAB_CLONE = "/content/labkit"  # where the install cell clones the repository on Colab
+# What the install cell adds on Colab: the peers (transformers, notebook 01). Not the notebooks extra:
+# Colab brings its own Jupyter kernel and widgets, and papermill's pins (ipykernel < 7) would replace
+# the kernel the notebook runs in. Torch stays Colab's own (CUDA) build: the cell pins it as installed.
+COLAB_EXTRAS = "peers"
+
 
 def notebook_paths(directory: Path | None = NOTEBOOK_DIR) -> list[Path]:
     directory = directory if directory is not None else resources.notebooks_dir()  # says what is missing
@@ -122,6 +135,79 @@ def drop_injected_parameters(path: str | Path) -> bool:
     if len(cells) == len(nb["cells"]):
         return False
     nb["cells"] = cells
+    path.write_text(_nbformat_json(nb) + ending, encoding="utf-8")
+    return True
+
+
+def colab_url(notebook: str) -> str:
+    """Colab's page for ``notebooks/<notebook>`` of :data:`REPOSITORY` (its ``main`` branch)."""
+    owner_repo = REPOSITORY.removeprefix("https://github.com/")
+    return f"https://colab.research.google.com/github/{owner_repo}/blob/{BRANCH}/notebooks/{notebook}"
+
+
+def colab_cells(notebook: str) -> list[dict]:
+    """The two cells :func:`add_colab_cells` puts first in ``notebook`` (a file name): a markdown
+    "Open in Colab" badge, and a code cell that installs labkit on Colab and does nothing anywhere
+    else. On Colab it clones :data:`REPOSITORY` (the notebooks read the repository's committed
+    results and checkpoints, which a wheel leaves out), installs it in editable mode with
+    :data:`COLAB_EXTRAS` and Colab's own torch pinned, puts the clone on ``sys.path`` (an editable
+    install reaches only processes started after it) and moves into its ``notebooks/`` folder, where
+    the notebooks' relative paths start."""
+    badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(notebook)})\n"
+             "\n"
+             "On Colab, run the next cell first: it installs labkit there (elsewhere it does nothing). Colab's L4 and "
+             "A100 are older than Hopper (sm_90): the sections that need PDL or TMA say so and skip.")
+    install = f"""\
+# On Google Colab: clone labkit and install it (Colab's own torch kept). Anywhere else: nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    import importlib.metadata, os, subprocess
+
+    _clone = "{COLAB_CLONE}"
+    if not os.path.isdir(_clone):
+        subprocess.check_call(["git", "clone", "--depth", "1", "-q", "{REPOSITORY}", _clone])
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-e", _clone + "[{COLAB_EXTRAS}]",
+                           "torch==" + importlib.metadata.version("torch")])
+    sys.path.insert(0, _clone)
+    os.chdir(os.path.join(_clone, "notebooks"))"""
+    return [
+        {"cell_type": "markdown", "id": COLAB_BADGE, "metadata": {"tags": [COLAB_BADGE]},
+         "source": badge.splitlines(keepends=True)},
+        {"cell_type": "code", "execution_count": None, "id": COLAB_INSTALL, "metadata": {"tags": [COLAB_INSTALL]},
+         "outputs": [], "source": install.splitlines(keepends=True)},
+    ]
+
+
+def has_colab_cells(nb: dict, notebook: str) -> bool:
+    """Whether the notebook ``nb`` (its JSON) starts with :func:`colab_cells` of ``notebook`` (its
+    file name): their kinds, tags and sources (a run may add metadata, and the badge's link names
+    the file)."""
+    def key(c: dict) -> tuple:
+        return c["cell_type"], set(c.get("metadata", {}).get("tags", [])), "".join(c["source"])
+
+    return [key(c) for c in nb["cells"][:2]] == [key(c) for c in colab_cells(notebook)]
+
+
+def add_colab_cells(path: str | Path) -> bool:
+    """Put :func:`colab_cells` first in the notebook at ``path``, in place; True if the file changed.
+    Idempotent: a notebook that has them is left as it is; stale ones (found by their tags) are
+    replaced, so a new REPOSITORY reaches every notebook. Nothing else changes (nbformat's layout, checked before writing); papermill's
+    ``parameters`` cell stays the one so tagged, and nbval finds one more cell without outputs."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    nb = json.loads(text)
+    ending = text[len(text.rstrip("\n")):]
+    if has_colab_cells(nb, path.name):
+        return False
+    if _nbformat_json(nb) + ending != text:
+        raise ValueError(f"{path} is not laid out as nbformat writes it; refusing to rewrite it")
+    ours = {COLAB_BADGE, COLAB_INSTALL}
+    rest = [c for c in nb["cells"] if not ours & set(c.get("metadata", {}).get("tags", []))]
+    clash = [c["id"] for c in rest if c.get("id") in ours]
+    if clash:
+        raise ValueError(f"{path} has untagged cells with the ids {clash} the Colab cells use")
+    nb["cells"] = colab_cells(path.name) + rest
     path.write_text(_nbformat_json(nb) + ending, encoding="utf-8")
     return True
 

@@ -42,6 +42,7 @@ from .launch import (
     cdiv,
     check_devices,
     check_eps,
+    check_pdl,
     check_no_overlap,
     check_tensor,
     dot,
@@ -329,8 +330,8 @@ def attention_decode(
     if out is None:
         out = torch.empty(bsz, dims.num_heads * hd, dtype=dtype, device=proj.device)
     check_tensor("out", out, dtype=dtype, shape=(bsz, dims.num_heads * hd))
-    check_devices(proj=proj, keys=keys, values=values, lengths=lengths, out=out, inv_freq=inv_freq,
-                  q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight)
+    check_pdl(pdl, check_devices(proj=proj, keys=keys, values=values, lengths=lengths, out=out, inv_freq=inv_freq,
+                                 q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight))
     check_no_overlap([("proj", proj, "out", out), ("keys", keys, "values", values)])
     ch, bs = attention_chunk(max_len, hd)
     ch, bs = chunk or ch, block_s or bs

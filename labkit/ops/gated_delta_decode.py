@@ -44,6 +44,7 @@ from .launch import (
     cdiv,
     check_devices,
     check_eps,
+    check_pdl,
     check_no_overlap,
     check_tensor,
     interpreter_flags,
@@ -317,10 +318,10 @@ def gdn_decode(
         "workspace.o_partials", workspace.o_partials, dtype=torch.float32,
         shape=(bsz * dims.num_v_heads, next_pow2(dims.v_head_dim)),
     )
-    check_devices(
+    check_pdl(pdl, check_devices(
         proj=proj, conv_state=conv_state, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
         norm_weight=norm_weight, state=state, out=out, counters=workspace.qk_counters,
-    )
+    ))
     check_no_overlap([("proj", proj, "out", out), ("proj", proj, "conv_state", conv_state)])
     block = block_v or gdn_block_v(bsz, dims)
     if block < 1 or block & (block - 1):

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .launch import cdiv, check_devices, check_tensor, device_function
+from .launch import cdiv, check_devices, check_pdl, check_tensor, device_function
 from .linear import LinearConfig, LinearWorkspace, PdlPlacement, launch_linear, linear_config
 from .norm import rms_norm_ref
 
@@ -108,7 +108,7 @@ def greedy_head(
     if tokens_out is None:
         tokens_out = torch.empty(m, dtype=torch.int64, device=x.device)
     check_tensor("tokens_out", tokens_out, dtype=torch.int64, shape=(m,))
-    check_devices(x=x, tokens_out=tokens_out, best_val=buffers.best_val)
+    check_pdl(pdl, check_devices(x=x, tokens_out=tokens_out, best_val=buffers.best_val))
     launch_linear(
         x, weight, out=logits_out, norm_weight=norm_weight, norm_eps=norm_eps, norm_unit_offset=norm_unit_offset,
         config=cfg, workspace=workspace, pdl=pdl, store_out=logits_out is not None,

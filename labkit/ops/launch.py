@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .features import features
+
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 INTERPRET_CONSTEXPR: tl.constexpr = tl.constexpr(INTERPRET)  # for jit code that differs in the interpreter
 
@@ -116,6 +118,13 @@ def check_no_overlap(pairs: Iterable[tuple[str, torch.Tensor | None, str, torch.
         b0, b1 = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
         if a0 < b1 and b0 < a1:
             raise ValueError(f"{name_a} and {name_b} must not overlap in memory")
+
+
+def check_pdl(pdl: bool, device: torch.device, what: str = "pdl=True") -> None:
+    """A launch with programmatic dependent launch needs a GPU that has it (:mod:`labkit.ops.features`):
+    a clear error here, instead of ptxas failing on ``griddepcontrol`` for an older GPU."""
+    if pdl:
+        features(device).require("pdl", f"{what} (programmatic dependent launch)", "Launch with pdl=False.")
 
 
 def check_eps(name: str, eps: float) -> float:

@@ -66,6 +66,7 @@ from .launch import (
     cdiv,
     check_devices,
     check_eps,
+    check_pdl,
     check_no_overlap,
     check_tensor,
     dot,
@@ -653,8 +654,8 @@ def launch_linear(
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, dtype=FLOAT_DTYPES, shape=(k,))
         norm_eps = check_eps("norm_eps", norm_eps)
-    check_devices(x=x, weight=weight, out=out, residual=residual, norm_weight=norm_weight,
-                  conv_state=conv_state, conv_weight=conv_weight)
+    check_pdl(pdl, check_devices(x=x, weight=weight, out=out, residual=residual, norm_weight=norm_weight,
+                                 conv_state=conv_state, conv_weight=conv_weight))
     check_no_overlap([("x", x, "out", out), ("weight", weight, "out", out), ("conv_state", conv_state, "out", out),
                       ("x", x, "conv_state", conv_state)])
     if residual is not None and out is not None and out.data_ptr() != residual.data_ptr():

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .attention_decode import attention_tile
+from .features import features
 from .gated_delta_decode import gdn_tile
 from .greedy_head import argmax_row
 from .launch import (
@@ -380,6 +381,8 @@ NO_GDN = dict(NK=1, NV=1, DK=1, DV=1, KW=2, KW_PAD=2, BLOCK_DK=16, BLOCK_DV=16, 
 def _launch_args(table: torch.Tensor, buffers: StepBuffers, shapes: StepShapes, *, greedy: bool, advance: bool,
                  num_warps: int, max_registers: int = 0, num_stages: int = 2, prefetch_tiles: int = 0,
                  stamps: torch.Tensor | None = None) -> tuple[tuple, dict]:
+    if prefetch_tiles:  # before sm_90 ptxas has no cp.async.bulk.prefetch: refused here, not there
+        features(table.device).require("bulk_prefetch", f"prefetch_tiles={prefetch_tiles}", "Use prefetch_tiles=0.")
     attn, gdn = shapes.attention, shapes.gdn
     aws, gws, dummy = buffers.attn_ws, buffers.gdn_ws, buffers.counters
     B = shapes.batch

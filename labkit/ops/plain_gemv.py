@@ -21,7 +21,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .launch import FLOAT_DTYPES, TORCH_TO_TL, cdiv, check_devices, check_tensor, globaltimer, interpreter_flags
+from .features import features
+from .launch import (FLOAT_DTYPES, TORCH_TO_TL, cdiv, check_devices, check_pdl, check_tensor, globaltimer,
+                     interpreter_flags)
 
 STYLES = ("pointer", "descriptor")
 
@@ -88,7 +90,8 @@ def plain_gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | Non
     if out is None:
         out = torch.empty(1, n, dtype=weight.dtype, device=weight.device)
     check_tensor("out", out, dtype=weight.dtype, shape=(1, n))
-    check_devices(x=x, weight=weight, out=out)
+    device = check_devices(x=x, weight=weight, out=out)
+    check_pdl(pdl, device)
     if stamps is not None:
         if weight.device.type != "cuda":
             raise ValueError("stamps read the GPU's global timer: they need a CUDA device")
@@ -96,6 +99,8 @@ def plain_gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | Non
         check_devices(x=x, stamps=stamps)
     desc = None
     if style == "descriptor":
+        # before sm_90 Triton turns a descriptor into plain loads: refused, not measured under TMA's name
+        features(device).require("tma", 'plain_gemv(style="descriptor")', 'Use style="pointer".')
         if block_n > 256 or block_k > 256:
             raise ValueError(f"a TMA box side holds at most 256 elements, got block_n={block_n}, block_k={block_k}")
         if (k * weight.element_size()) % 16 or weight.data_ptr() % 16:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .launch import FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_no_overlap, check_tensor, interpreter_flags, interpreting, next_pow2
+from .launch import FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_no_overlap, check_pdl, check_tensor, interpreter_flags, interpreting, next_pow2
 from .mixers import short_conv_ref
 
 
@@ -88,7 +88,7 @@ def short_conv_decode(
     if out is None:
         out = torch.empty(bsz, hidden, dtype=proj.dtype, device=proj.device)
     check_tensor("out", out, dtype=proj.dtype, shape=(bsz, hidden))
-    check_devices(proj=proj, state=state, weight=weight, out=out)
+    check_pdl(pdl, check_devices(proj=proj, state=state, weight=weight, out=out))
     check_no_overlap([("proj", proj, "out", out), ("state", state, "out", out), ("proj", proj, "state", state)])
     block = block_h or short_conv_block(hidden, bsz)
     if block < 1 or block & (block - 1):

@@ -37,8 +37,9 @@ PROMPT = 17
 
 
 def fused_backends() -> list[str]:
-    pdl = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9  # Hopper or newer
-    return ["fused", "fused+graph"] + (["fused+graph+pdl"] if pdl else [])
+    from labkit.decode.registry import backends_for
+
+    return [b for b in ("fused", "fused+graph", "fused+graph+pdl") if b in backends_for("cuda")]  # +pdl: sm_90+
 
 
 def _prompt(model, batch: int) -> torch.Tensor:
