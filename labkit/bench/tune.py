@@ -4,10 +4,10 @@ reads at run time. With no options it runs every section within one time budget
 (``--time-limit-s``, default 540 s, so the whole run stays under ten minutes on an H200):
 
 - ``linear``: the projections' blockings at batch buckets 1, 16, 32 and 64 (batches 2-15 share
-  bucket 16: the ``tl.dot`` loop pads the batch to 16 rows), tuned inside the chained step with
-  programmatic dependent launch as the fused rung runs them (:func:`run_chain`), the LM head
-  included; past batch 1 the same sub-chain run unfused through cuBLAS is timed too, and
-  dispatched to where it wins;
+  bucket 16: the ``tl.dot`` loop pads the batch to 16 rows; past 64, bucket 64's tiles), tuned
+  inside the chained step with programmatic dependent launch as the fused rung runs them
+  (:func:`run_chain`; without PDL on a GPU older than sm_90), the LM head included; past batch 1
+  the same sub-chain run unfused through cuBLAS is timed too, and dispatched to where it wins;
 - ``gated_delta_decode``, ``attention_decode``, ``chunk_delta_rule``: their launch settings
   (:mod:`labkit.bench.tune_kernels`);
 - ``persistent_decode``: the persistent step's settings (:mod:`labkit.bench.tune_persistent`).
@@ -356,6 +356,7 @@ def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches:
     from tqdm.auto import tqdm
 
     from ..lab.hw import device_facts
+    from ..ops.features import features
     from .results import DATA_DIR, write_document
     from .tune_kernels import tune_kernel
     from .tune_persistent import run as run_persistent
@@ -375,7 +376,7 @@ def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches:
         row: dict = {"section": name}
         try:
             if name == "linear":
-                _, entries = run_chain(models, list(batches), pdl=True, out_dir=out_dir,
+                _, entries = run_chain(models, list(batches), pdl=features("cuda").pdl, out_dir=out_dir,
                                        time_limit_s=max(0.0, deadline - t0), max_candidates=max_candidates,
                                        command=command, log=log)
                 row |= {"entries": len(entries),

@@ -223,7 +223,8 @@ def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None
 
 
 TUNERS = {
-    "gated_delta_decode": KernelTuner("gated_delta_decode", "Qwen3.5-0.8B's GDN step at batches 1, 16, 64", _gdn_trials),
+    "gated_delta_decode": KernelTuner("gated_delta_decode", "Qwen3.5-0.8B's GDN step at batches 1, 16, 64",
+                                      _gdn_trials),
     "attention_decode": KernelTuner("attention_decode", "both presets' attention step at batches 1 and 16, "
                                     "2,048 and 8,192 cache slots", _attention_trials),
     "chunk_delta_rule": KernelTuner("chunk_delta_rule", "one sequence of T = 4,096 and 16,384, 16 heads x 128",
