@@ -165,6 +165,8 @@ OWN_PARSERS = {
     "hit-host": ("labkit.bench.prefix_hit", ("hit-host",)),  # a prefix-cache hit's host side, piece by piece
     "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
     "persistent-timeline": ("labkit.bench.persistent_timeline", ()),  # one persistent step, stamped on the device
+    "counters": ("labkit.bench.counters", ("counters",)),  # one decode step's kernels under Nsight Compute
+    "bank-conflicts": ("labkit.bench.counters", ("bank-conflicts",)),  # shared-tile transposes: predicted, counted
 }
 
 
