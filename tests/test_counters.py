@@ -205,6 +205,8 @@ def test_restricted_counters_are_reported_with_the_fix(monkeypatch, fake_ncu, tm
     assert "ERR_NVGPUCTRPERM" in reason and "sudo" in reason and "NVreg_RestrictProfilingToAdminUsers=0" in reason
     params.write_text("RmProfilingAdminOnly: 0\n")
     assert counters.ncu_unavailable_reason(params=params) is None
+    monkeypatch.setenv("FAKE_NCU_PERM", "1")  # the probe asks ncu itself
+    assert "ERR_NVGPUCTRPERM" in counters.ncu_unavailable_reason(check_counters=True, params=params)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "no CUDA GPU" in counters.ncu_unavailable_reason(params=params)
 
@@ -328,7 +330,7 @@ def test_bench_counters_writes_launches_and_summaries(monkeypatch, tmp_path, h20
         calls.append((argv, kw))
         return counters.Profile(counters.parse_raw_csv(SAMPLE), names, ["x__rejected.sum"], ["ncu", *argv])
 
-    monkeypatch.setattr(counters, "ncu_unavailable_reason", lambda **k: None)
+    monkeypatch.setattr(counters, "ncu_missing_reason", lambda: None)
     monkeypatch.setattr(counters, "check_metrics", lambda m: counters.Profile([], {}, ["x__rejected.sum"]))
     monkeypatch.setattr(counters, "profile", fake_profile)
     assert main(["bench", "counters", "--model", "lfm2-350m", "--data-dir", str(tmp_path)]) == 0
@@ -353,7 +355,7 @@ def test_bench_bank_conflicts_sets_counters_beside_the_prediction(monkeypatch, t
     monkeypatch.setattr(bc, "check", lambda: [])
     monkeypatch.setattr(bc, "time_layouts", lambda rows, cols, repeats: [
         bc.Timed(layout, rows, cols, 0.2, 2 * rows * cols * 4 / 0.2e-3 / 1e9, [0.2]) for layout in bc.LAYOUTS])
-    monkeypatch.setattr(counters, "ncu_unavailable_reason", lambda **k: None)
+    monkeypatch.setattr(counters, "ncu_missing_reason", lambda: None)
     monkeypatch.setattr(counters, "check_metrics", lambda m: counters.Profile([], {}, []))
 
     def fake_layouts(rows, cols, rejected):
@@ -371,7 +373,7 @@ def test_bench_bank_conflicts_sets_counters_beside_the_prediction(monkeypatch, t
     assert doc["ncu_command"] == "ncu --csv" and doc["banks"] == 32
     assert "32.0, 32.0" in capsys.readouterr().out  # wavefronts per naive column read: predicted, measured
 
-    monkeypatch.setattr(counters, "ncu_unavailable_reason", lambda **k: "ncu is not installed here")
+    monkeypatch.setattr(counters, "ncu_missing_reason", lambda: "ncu is not installed here")
     assert main(["bench", "bank-conflicts", "--data-dir", str(tmp_path), "--name", "b2"]) == 0
     doc = json.loads((tmp_path / "nvidia-h200" / "b2.json").read_text())
     assert doc["counters_note"] == "ncu is not installed here" and doc["results"][0]["counters"] is None

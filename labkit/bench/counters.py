@@ -31,7 +31,7 @@ def _usable(metrics) -> tuple[list[str] | None, str | None]:
     """(names ncu rejected on a one-kernel probe, None) or (None, why counters cannot be read)."""
     from ..lab import counters
 
-    reason = counters.ncu_unavailable_reason()
+    reason = counters.ncu_missing_reason()  # the probe answers for the permission itself
     if reason:
         return None, reason
     try:

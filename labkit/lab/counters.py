@@ -21,8 +21,8 @@ runs again, trying the next spelling where a :class:`Metric` has one; :func:`che
 that on a one-kernel probe first, which is cheap.
 
 Where counters cannot be read, :func:`ncu_unavailable_reason` says why in one line: ncu is not
-installed, there is no GPU, or the driver lets only administrators read the counters
-(``ERR_NVGPUCTRPERM``; the fix is in :data:`PERMISSION_FIX`).
+installed or there is no GPU (:func:`ncu_missing_reason`), or the driver lets only administrators
+read the counters (``ERR_NVGPUCTRPERM``; the fix is in :data:`PERMISSION_FIX`).
 """
 
 from __future__ import annotations
@@ -86,10 +86,8 @@ def counters_restricted(params: Path = DRIVER_PARAMS) -> bool:
     return bool(match and match.group(1) != "0" and os.geteuid() != 0)
 
 
-def ncu_unavailable_reason(*, check_counters: bool = False, params: Path = DRIVER_PARAMS) -> str | None:
-    """Why ncu cannot read counters here, in one line; None when it should. Checked in order: ncu
-    installed, a CUDA GPU, the driver's counter permission (from its parameters; with
-    ``check_counters`` also by profiling one tiny kernel, a few seconds)."""
+def ncu_missing_reason() -> str | None:
+    """Why ncu cannot run here at all (not installed, no CUDA GPU), in one line; None when it can."""
     if find_ncu() is None:
         return ("Nsight Compute's command line (ncu) is not installed here: not on PATH, not in "
                 "/usr/local/cuda*/bin or /opt/nvidia/nsight-compute; install Nsight Compute (the CUDA toolkit "
@@ -98,15 +96,25 @@ def ncu_unavailable_reason(*, check_counters: bool = False, params: Path = DRIVE
 
     if not torch.cuda.is_available():
         return "ncu profiles CUDA kernels, and torch sees no CUDA GPU here"
-    if counters_restricted(params):
+    return None
+
+
+def ncu_unavailable_reason(*, check_counters: bool = False, params: Path = DRIVER_PARAMS) -> str | None:
+    """Why ncu cannot read counters here, in one line; None when it should: :func:`ncu_missing_reason`,
+    then the driver's counter permission, from its parameters, or with ``check_counters`` by
+    profiling one tiny kernel (a few seconds; this also answers where the parameters cannot be read,
+    or where a process that is not root was given the right another way)."""
+    missing = ncu_missing_reason()
+    if missing:
+        return missing
+    if not check_counters:
+        return PERMISSION_MESSAGE if counters_restricted(params) else None
+    try:
+        check_metrics([Metric("time", ("gpu__time_duration.sum",), "")])
+    except CountersNotPermitted:
         return PERMISSION_MESSAGE
-    if check_counters:
-        try:
-            check_metrics([Metric("time", ("gpu__time_duration.sum",), "")])
-        except CountersNotPermitted:
-            return PERMISSION_MESSAGE
-        except NcuError as exc:
-            return f"ncu failed on a one-kernel probe: {str(exc).splitlines()[0]}"
+    except NcuError as exc:
+        return f"ncu failed on a one-kernel probe: {str(exc).splitlines()[0]}"
     return None
 
 
@@ -451,7 +459,7 @@ def profile(argv: Sequence[str], metrics: Iterable[Metric | str], *, kernel_rege
     metrics = _as_metrics(metrics)
     ncu = ncu or find_ncu()
     if ncu is None:
-        raise NcuError(ncu_unavailable_reason() or "ncu is not installed")
+        raise NcuError(ncu_missing_reason() or "ncu is not installed")
     rejected = set(rejected)
     for _ in range(max_retries + 1):
         names = choose_names(metrics, rejected)
