@@ -135,6 +135,9 @@ FAKE_NCU = '''\
     if bad:
         print("==ERROR== Failed to find metric regex:^" + bad[0].split(".")[0] + "\\\\.(sum|avg)$", file=sys.stderr)
         sys.exit(1)
+    for n in names:
+        if n.startswith("warn__"):  # complained about, the run goes on
+            print("==ERROR== Failed to find metric " + n)
     if os.environ.get("FAKE_NCU_EMPTY"):
         sys.exit(0)
     cols = ",".join('"%s"' % n for n in names)
@@ -171,6 +174,13 @@ def test_profile_drops_a_rejected_name_and_runs_again(fake_ncu, capsys):
                  "--kernel-name regex:^_linear", "--target-processes all"):
         assert flag in second
     assert second.endswith("python -m target") and "rejected bad__counter.sum" in capsys.readouterr().err
+
+
+def test_a_name_complained_about_in_a_run_that_profiled_is_dropped_without_a_rerun(fake_ncu):
+    prof = counters.profile(["prog"], ["gpu__time_duration.sum", "warn__x.sum"], ncu=str(fake_ncu))
+    assert prof.rejected == ["warn__x.sum"] and prof.names == {"gpu__time_duration.sum": "gpu__time_duration.sum",
+                                                               "warn__x.sum": None}
+    assert len(_calls(fake_ncu)) == 1 and len(prof.rows) == 2
 
 
 def test_profile_says_when_counters_are_refused_or_nothing_was_profiled(fake_ncu, monkeypatch):

@@ -71,16 +71,20 @@ def main_counters(argv: list[str]) -> int:
     from ..lab.hw import device_facts
 
     facts = device_facts("cuda")
-    launches, summaries, commands, names = [], [], {}, {}
+    launches, summaries, commands, names, errors = [], [], {}, {}, {}
     for model in args.model:
         target = [sys.executable, "-m", "labkit.lab.counters_target", "--model", model, "--batch", str(args.batch),
                   "--context", str(args.context), "--steps", str(args.steps), "--backend", args.backend]
         try:
             prof = counters.profile(target, counters.DECODE_METRICS, profile_from_start=False, rejected=rejected,
                                     timeout_s=args.timeout)
-        except counters.NcuError as exc:
-            print(f"bench counters: {model}: {exc}")
-            return 2 if isinstance(exc, counters.CountersNotPermitted) else 1
+        except counters.CountersNotPermitted as exc:
+            print(f"bench counters: {exc}")
+            return 2
+        except counters.NcuError as exc:  # recorded; the other presets still run
+            print(f"bench counters: {model} FAILED: {exc}")
+            errors[model] = str(exc)[-2000:]
+            continue
         rejected, names, commands[model] = prof.rejected, prof.names, prof.command_line
         rows = counters.summarize(prof)
         total_us = sum(s.time_us or 0.0 for s in rows)
@@ -99,14 +103,14 @@ def main_counters(argv: list[str]) -> int:
     meanings = [{"key": m.key, "name": names.get(m.key), "meaning": m.meaning} for m in counters.DECODE_METRICS]
     path = write_document(args.name, "ncu-decode", {
         "models": args.model, "backend": args.backend, "batch": args.batch, "context": args.context,
-        "metrics": meanings, "rejected": rejected, "ncu_commands": commands,
+        "metrics": meanings, "rejected": rejected, "ncu_commands": commands, "errors": errors,
         "summary": summaries, "results": launches,
         "note": "values in base units (seconds, bytes, bytes/second, %); ncu flushes the caches before each replay "
                 "pass, so every launch is measured with a cold L2, and with --clock-control none at the GPU's "
                 "own clocks",
     }, facts, command=_command("counters", argv), data_dir=args.data_dir)
     print(f"wrote {path}")
-    return 0
+    return 1 if errors else 0
 
 
 def main_bank_conflicts(argv: list[str]) -> int:

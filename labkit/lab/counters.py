@@ -473,17 +473,18 @@ def profile(argv: Sequence[str], metrics: Iterable[Metric | str], *, kernel_rege
         if permission_denied(both):
             raise CountersNotPermitted(PERMISSION_MESSAGE)
         bad = rejected_names(both, wanted)
+        rows = parse_raw_csv(out) or parse_raw_csv(both)
+        if code == 0 and rows:  # a complaint about a name in a run that profiled: that name is dropped
+            names = {k: (None if n in bad else n) for k, n in names.items()}
+            return Profile(rows, names, sorted(rejected | bad), cmd)
         if bad:
             rejected |= bad
             print(f"ncu rejected {', '.join(sorted(bad))}: dropped, profiling again", file=sys.stderr)
             continue
-        rows = parse_raw_csv(out) or parse_raw_csv(both)
         if code != 0:
             raise NcuError(f"ncu exited with status {code}: {shlex.join(cmd)}\n{_tail(both)}")
-        if not rows:
-            raise NcuError(f"ncu profiled no kernel (check the kernel filter, or that the program calls "
-                           f"cudaProfilerStart when profile_from_start=False): {shlex.join(cmd)}\n{_tail(both)}")
-        return Profile(rows, names, sorted(rejected), cmd)
+        raise NcuError(f"ncu profiled no kernel (check the kernel filter, or that the program calls "
+                       f"cudaProfilerStart when profile_from_start=False): {shlex.join(cmd)}\n{_tail(both)}")
     raise NcuError(f"ncu kept rejecting metrics after {max_retries} retries: {sorted(rejected)}")
 
 
