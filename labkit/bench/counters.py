@@ -169,8 +169,8 @@ def main_bank_conflicts(argv: list[str]) -> int:
         per_req = pr.ld_wavefronts / pr.ld_requests
         meas_req = (m["wavefronts_ld"] / m["requests_ld"] if m and m.get("wavefronts_ld") is not None
                     and m.get("requests_ld") else None)
-        got = f"{m['bank_conflicts_ld']!s:>12} / {m['bank_conflicts_st']!s:<10}" if m else f"{'-':>12} / {'-':<10}"
-        print(f"{layout:<9} {t.gb_per_s:7.0f} {t.ms:7.3f}   {pr.ld_conflicts:>12,} / {pr.st_conflicts:<10,} {got} "
+        ld, st = ((f"{m[k]:,.0f}" if m and m.get(k) is not None else "-") for k in ("bank_conflicts_ld", "bank_conflicts_st"))
+        print(f"{layout:<9} {t.gb_per_s:7.0f} {t.ms:7.3f}   {pr.ld_conflicts:>12,} / {pr.st_conflicts:<10,} {ld:>12} / {st:<10} "
               f"  {per_req:.1f}, {'-' if meas_req is None else f'{meas_req:.1f}'}")
         results.append({"layout": layout, "timed": asdict(t), "prediction": pr.to_dict(), "counters": m})
     path = write_document(args.name, "bank-conflicts", {
