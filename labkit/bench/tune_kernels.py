@@ -23,6 +23,7 @@ values over the heuristic): a run never makes the measured cases slower than the
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,17 @@ def _run_trial(values: dict, check: Callable[[], float], timings: Iterable[tuple
     return t
 
 
+def _fold(trial: Trial, got: Trial, case: str, how: str) -> bool:
+    """Add one case's measurement (``got``, shared by every rule that leads to the same launch) to
+    ``trial``; False, with the trial marked failed, where that launch failed its check or its timing."""
+    trial.err = max(trial.err or 0.0, got.err if got.err is not None else float("inf"))
+    if got.error:
+        trial.error = f"{case}, {how}: {got.error}"
+        return False
+    trial.us[case] = got.us["x"]
+    return True
+
+
 # -- Gated DeltaNet decode step ------------------------------------------------------------------------
 GDN_PRESET = "qwen3.5-0.8b"
 GDN_BATCHES = (1, 16, 64)
@@ -119,12 +131,8 @@ def _gdn_trials(device: str, deadline: float | None, log: Callable[[str], None])
             if (b, bv) not in seen:
                 seen[b, bv] = _run_trial({"batch": b, "block_v": bv}, lambda: check_gdn(model, b, block_v=bv),
                                          [("x", lambda: time_gdn(model, b, block_v=bv).us)])
-            got = seen[b, bv]
-            t.err = max(t.err or 0.0, got.err if got.err is not None else float("inf"))
-            if got.error:
-                t.error = f"batch {b}, block_v {bv}: {got.error}"
+            if not _fold(t, seen[b, bv], f"B={b}", f"block_v={bv}"):
                 break
-            t.us[f"B={b}"] = got.us["x"]
         trials.append(t)
         log(f"  gated_delta_decode {rule}: " + (t.error or ", ".join(f"{c} {u:.2f} µs" for c, u in t.us.items())))
     return trials
@@ -142,37 +150,25 @@ def _attention_trials(device: str, deadline: float | None, log: Callable[[str], 
     from .ops import check_attention, time_attention
 
     current = _current("attention_decode", device)
-    rule_keys = ("min_chunk", "max_chunks")
-    now = {k: current[k] for k in rule_keys}
+    now = {k: current[k] for k in ("min_chunk", "max_chunks")}
     rules = [now] + [r for r in ATTENTION_RULES if r != now]
+    models = {p: build(p, dtype=torch.bfloat16, device=device, seed=0) for p in ATTENTION_PRESETS}
+    seen: dict[tuple, Trial] = {}  # (preset, batch, slots, chunk) -> its measurement
     trials = []
-    for preset in ATTENTION_PRESETS:
-        model = build(preset, dtype=torch.bfloat16, device=device, seed=0)
-        hd = model.cfg.head_dim
-        seen: dict[tuple[int, int, int], Trial] = {}
-        for i, rule in enumerate(rules):
-            if i and deadline is not None and time.perf_counter() > deadline:
+    for rule in rules:
+        if trials and deadline is not None and time.perf_counter() > deadline:
+            break
+        t = Trial(dict(rule))
+        for (preset, model), (b, slots) in itertools.product(models.items(), ATTENTION_CASES):
+            chunk, _ = attention_chunk(slots, model.cfg.head_dim, **rule)
+            if (preset, b, slots, chunk) not in seen:
+                seen[preset, b, slots, chunk] = _run_trial(
+                    {"chunk": chunk}, lambda: check_attention(model, b, slots, chunk=chunk),
+                    [("x", lambda: time_attention(model, b, slots, chunk=chunk).us)])
+            if not _fold(t, seen[preset, b, slots, chunk], f"{preset} B={b} slots={slots}", f"chunk={chunk}"):
                 break
-            t = trials[i] if i < len(trials) else Trial(dict(rule))
-            if i >= len(trials):
-                trials.append(t)
-            for b, slots in ATTENTION_CASES:
-                chunk, _ = attention_chunk(slots, hd, **rule)
-                if (b, slots, chunk) not in seen:
-                    seen[b, slots, chunk] = _run_trial(
-                        {"chunk": chunk}, lambda: check_attention(model, b, slots, chunk=chunk),
-                        [("x", lambda: time_attention(model, b, slots, chunk=chunk).us)])
-                got = seen[b, slots, chunk]
-                t.err = max(t.err or 0.0, got.err if got.err is not None else float("inf"))
-                if got.error:
-                    t.error = f"{preset} B={b} slots={slots} chunk={chunk}: {got.error}"
-                    break
-                t.us[f"{preset} B={b} slots={slots}"] = got.us["x"]
-        del model
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    for t in trials:
-        log(f"  attention_decode {t.values}: " + (t.error or f"{sum(t.us.values()):.1f} µs over {len(t.us)} cases"))
+        trials.append(t)
+        log(f"  attention_decode {rule}: " + (t.error or f"{sum(t.us.values()):.1f} µs over {len(t.us)} cases"))
     return trials
 
 
