@@ -166,6 +166,8 @@ OWN_PARSERS = {
     "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
     "persistent-timeline": ("labkit.bench.persistent_timeline", ()),  # one persistent step, stamped on the device
     "pitfalls": ("labkit.bench.pitfalls", ()),  # the article's pitfalls: shared memory past 48 KB, host work, TF32
+    "counters": ("labkit.bench.counters", ("counters",)),  # one decode step's kernels under Nsight Compute
+    "bank-conflicts": ("labkit.bench.counters", ("bank-conflicts",)),  # shared-tile transposes: predicted, counted
 }
 
 
