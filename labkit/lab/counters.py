@@ -241,14 +241,19 @@ def permission_denied(output: str) -> bool:
 _PREFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BASE_UNITS = {"byte", "second", "cycle", "sector", "request", "warp", "inst", "thread", "register", "block",
                "wavefront", "hz"}
+_SHORT_UNITS = {"s": "second"}  # ncu 2025+ prints "ns" and "byte/s" where older releases wrote "nsecond"
 
 
 def unit_scale(unit: str) -> tuple[float, str]:
     """(factor, base unit) of an ncu unit: ``"Gbyte/second"`` -> (1e9, "byte/second"), ``"usecond"`` ->
-    (1e-6, "second"), ``"%"`` -> (1, "%"). Decimal prefixes (ncu's); unknown units scale by 1."""
+    (1e-6, "second"), ``"ns"`` -> (1e-9, "second"), ``"%"`` -> (1, "%"). Decimal prefixes (ncu's); unknown
+    units scale by 1."""
     factor, parts = 1.0, []
     for i, part in enumerate(unit.split("/")):
         scale = 1.0
+        if part[:1] in _PREFIX and part[1:] in _SHORT_UNITS:
+            part = part[0] + _SHORT_UNITS[part[1:]]
+        part = _SHORT_UNITS.get(part, part)
         if part not in _BASE_UNITS and part[:1] in _PREFIX and part[1:] in _BASE_UNITS:
             scale, part = _PREFIX[part[0]], part[1:]
         factor = factor * scale if i == 0 else factor / scale
