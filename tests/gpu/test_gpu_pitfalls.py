@@ -59,7 +59,10 @@ def test_host_work_in_the_fused_step_and_in_two_broken_wrappers(real_model):
     assert list(reports["clean"]) == [], f"the fused step does host work:\n{reports['clean']}"
     assert pf.host_work_surprises(reports) == []
     positions = reports["positions kept on the host"]
-    assert any(w.kind == "h2d" and w.name.startswith("Memcpy HtoD") and w.per_step == 1 for w in positions), str(positions)
+    # one copy per step in all; the profiler may fail to link some of them to the op that launched
+    # them (seen on the H200: a third of them "from an unlinked launch in Activity Buffer Request")
+    copies = sum(w.per_step for w in positions if w.kind == "h2d" and w.name.startswith("Memcpy HtoD"))
+    assert copies == pytest.approx(1), str(positions)
     assert any(w.op == "aten::copy_" for w in positions), str(positions)  # the copy, or the sync of a blocking one
     item = reports[".item() every step"]
     names = {w.name for w in item if w.op == "aten::item"}
