@@ -304,3 +304,8 @@ def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     assert f"for sm_{arch}" in run.stdout and "; 0 failures" in run.stdout
     for kernel in ("_solve_kernel", "_products_kernel", "_walk_kernel", "_output_kernel", "_single_chunk_kernel"):
         assert kernel in run.stdout
+    # the walk of 2 sequences keeps 16 columns, that of 8 widens to 64 (walk_block_v), in either grid order
+    walks = [line for line in run.stdout.splitlines() if line.startswith("_walk_kernel")]
+    for width in (16, 64):
+        for first in (False, True):
+            assert any(f"BLOCK_V={width}," in line and f"BLOCKS_FIRST={first}" in line for line in walks), walks

@@ -26,7 +26,9 @@ H200_FILE = tuning.TUNING_DIR / "nvidia-h200.json"
 # attention_chunk's 256 / 64; gated_delta_decode.py PDL_RELEASE_EARLY and gdn_block_v's 32 / 16 /
 # 2 per SM; prefill_fusions.py NORM_ROPE_ROTATED_ONLY, NORM_ROPE_WARPS; decode/fused.py
 # PREFILL_CAPTURE_AT, PREFILL_GRAPHS; chunk_delta_rule.py WALK_BLOCK_V, WALK_WARPS, the walk's
-# num_stages 2, PREPARE_WARPS["split"], OUTPUT_BLOCK_V, output_warps 4, SINGLE_BLOCK_V, SINGLE_WARPS).
+# num_stages 2, PREPARE_WARPS["split"], OUTPUT_BLOCK_V, output_warps 4, SINGLE_BLOCK_V, SINGLE_WARPS);
+# and the settings added since (chunk_delta_rule.py WALK_PROGRAMS_PER_SM, WIDE_WARPS, WIDE_STAGES,
+# WALK_BLOCKS_FIRST: the walk of many sequences, branch varlen).
 BEFORE = {
     "linear": {"pdl_preload": True, "pdl_release": "early"},
     "attention_decode": {"min_chunk": 256, "max_chunks": 64, "release_early": True},
@@ -34,7 +36,8 @@ BEFORE = {
     "norm_rope": {"rotated_only": True, "num_warps": 4},
     "fused_prefill": {"capture_at": 2, "graphs": 4},
     "chunk_delta_rule": {"block_v": 16, "num_warps": 4, "num_stages": 2, "prepare_warps": 4, "output_block_v": 64,
-                         "output_warps": 4, "single_block_v": 128, "single_warps": 4},
+                         "output_warps": 4, "single_block_v": 128, "single_warps": 4,
+                         "walk_programs_per_sm": 2, "wide_warps": 4, "wide_stages": 2, "walk_blocks_first": False},
 }
 
 
@@ -77,6 +80,11 @@ def test_the_heuristics_are_the_ops_defaults():
         k: h["gated_delta_decode"][k] for k in ("block_v", "narrow_block_v", "programs_per_sm")}
     assert defaults(gdn_mod.gdn_decode, "release_early")["release_early"] is h["gated_delta_decode"]["release_early"]
     assert defaults(prefill_fusions.norm_rope_rows, "rotated_only")["rotated_only"] is h["norm_rope"]["rotated_only"]
+    from labkit.ops.chunk_delta_rule import chunk_delta_rule
+
+    # the block widths default to None (the constant, capped at the head): every other setting as is
+    chunk = {k: v for k, v in defaults(chunk_delta_rule, *h["chunk_delta_rule"]).items() if v is not None}
+    assert chunk == {k: h["chunk_delta_rule"][k] for k in chunk} and len(chunk) == len(h["chunk_delta_rule"]) - 3
 
 
 def test_the_gpu_rule_of_gdn_block_v_and_attention_chunk_take_the_settings(monkeypatch):

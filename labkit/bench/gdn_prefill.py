@@ -13,6 +13,7 @@ implementation are not counted), and labkit's relative RMS difference from fla's
     python -m labkit.bench.gdn_prefill                      # prints the rows
     python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
     python -m labkit.bench.gdn_prefill --variants default default+ob128   # launch settings
+    python -m labkit.bench.gdn_prefill --lengths 4096 16384 --variants tuned-narrow tuned   # the walk of 8 sequences
     python -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
                                                             # a prefix-cache hit's tail: one kernel or several
 
@@ -40,6 +41,19 @@ VARIANTS = {
     # T = 16,384 (data/bench/nvidia-h200/gdn-prefill.json)
     "default+ob128": dict(output_block_v=128),
     "bv32": dict(block_v=32),
+    # the H200 file's settings (data/tuning/nvidia-h200.json: 3 stages, one output program per
+    # chunk), with the walk never widened ("tuned-narrow": as before walk_programs_per_sm existed),
+    # or widened for many sequences (labkit.ops.chunk_delta_rule.walk_block_v; 8 x 2,048 tokens x
+    # 16 heads: 1,024 programs of 16 columns) to 64 columns ("tuned": 256 programs, 2 per SM at 4
+    # warps, 2 stages, the default), at 1 stage, or to whole heads (128 programs, 8 warps); and the
+    # narrow walk with a head's value blocks together in its grid. Single sequences (16 x 8
+    # programs) keep the narrow walk in every one of them.
+    "tuned-narrow": dict(num_stages=3, output_block_v=128, walk_programs_per_sm=0),
+    "tuned-narrow+blocks-first": dict(num_stages=3, output_block_v=128, walk_programs_per_sm=0,
+                                      walk_blocks_first=True),
+    "tuned": dict(num_stages=3, output_block_v=128),
+    "tuned+wide64+s1": dict(num_stages=3, output_block_v=128, wide_stages=1),
+    "tuned+wide128+w8": dict(num_stages=3, output_block_v=128, walk_programs_per_sm=1, wide_warps=8),
     # a prefix-cache hit's tail (every sequence <= 64 tokens): the single-chunk kernel against the
     # multi-kernel path; e.g. --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
     "multi-kernel": dict(single_chunk=False),

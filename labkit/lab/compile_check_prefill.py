@@ -3,11 +3,13 @@ machine without one, and report registers, spills and shared memory per kernel v
 
     python -m labkit.lab.compile_check_prefill                 # sm_90 (H100/H200), Qwen3.5 shapes
     python -m labkit.lab.compile_check_prefill --block-v 32 64 --num-warps 4 8 --num-stages 1 2 3
+    python -m labkit.lab.compile_check_prefill --sequences 8 --walk-programs-per-sm 1 2 4 --wide-warps 4 8
 
 The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.lab.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
 prefill launcher at H = 16, K = V = 128, bf16, packed sequences with checkpoints (the four kernels
-of the chunk path), and the single-chunk kernel (sequences of <= 64 tokens), at the launch
+of the chunk path; 2 and 8 sequences, so that the walk runs both narrow and widened blocks, in
+either grid order), and the single-chunk kernel (sequences of <= 64 tokens), at the launch
 settings given (each a list: every combination is compiled; default: the launcher's). Like compile-check,
 it replaces Triton's driver: run it as its own process.
 """
@@ -21,10 +23,13 @@ import time
 
 import torch
 
-SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS")
+SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS", "BLOCKS_FIRST")
 # chunk_delta_rule's launch settings of the chunk path, each an option of this command
 CHUNK_SETTINGS = ("block_v", "num_warps", "num_stages", "prepare_warps", "products_warps", "output_block_v",
-                  "output_warps")
+                  "output_warps", "walk_programs_per_sm", "wide_warps", "wide_stages")
+# packed sequences of each call: 2 (a walk of 2 x 16 heads x 8 blocks of 16 columns = 256 programs
+# keeps its narrow blocks) and 8 (1,024 narrow programs: the walk widens, labkit.ops.chunk_delta_rule.walk_block_v)
+SEQUENCES = (2, 8)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in CHUNK_SETTINGS:
         parser.add_argument("--" + name.replace("_", "-"), nargs="*", type=int, default=[None],
                             help="default: the launcher's")
+    parser.add_argument("--walk-blocks-first", nargs="*", type=int, choices=(0, 1), default=[0, 1],
+                        help="the walk's grid order (0: sequences first, 1: value blocks first)")
+    parser.add_argument("--sequences", nargs="*", type=int, default=list(SEQUENCES),
+                        help="packed sequences of each call (the walk widens its blocks for many)")
     parser.add_argument("--single-block-v", nargs="*", type=int, default=[None],
                         help="the single-chunk kernel's value columns (default: the launcher's choice)")
     parser.add_argument("--single-warps", nargs="*", type=int, default=[None], help="the single-chunk kernel's warps")
@@ -46,18 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cdr.check_devices = lambda **tensors: torch.device("cpu")  # CPU tensors stand in; nothing runs
     lengths = [100, 156]
-    cdr._host_lengths = lambda cu_seqlens, tokens: lengths  # no read-back of a stand-in
-    H, K, V, T = 16, 128, 128, sum(lengths)
-    bf = torch.bfloat16
-    q, k, v = (torch.empty(1, T, H, d, dtype=bf) for d in (K, K, V))
-    g, beta = torch.empty(1, T, H), torch.empty(1, T, H, dtype=bf)
-    state = torch.empty(len(lengths), H, K, V)
-    cu = torch.tensor([0, lengths[0], T], dtype=torch.int32)
-    ckpt = torch.empty(cdr.num_checkpoints(lengths, 64), H, K, V)
+    H, K, V, bf = 16, 128, 128, torch.bfloat16
     failures, t0 = 0, time.time()
-    for values in itertools.product(*(getattr(args, name) for name in CHUNK_SETTINGS)):
+    for sequences, first, *values in itertools.product(args.sequences, args.walk_blocks_first,
+                                                       *(getattr(args, name) for name in CHUNK_SETTINGS)):
+        lengths = [100, 156] * (sequences // 2) + [100] * (sequences % 2)
+        cdr._host_lengths = lambda cu_seqlens, tokens, lengths=lengths: lengths  # no read-back of a stand-in
+        T = sum(lengths)
+        q, k, v = (torch.empty(1, T, H, d, dtype=bf) for d in (K, K, V))
+        g, beta = torch.empty(1, T, H), torch.empty(1, T, H, dtype=bf)
+        state = torch.empty(len(lengths), H, K, V)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        ckpt = torch.empty(cdr.num_checkpoints(lengths, 64), H, K, V)
         settings = {name: value for name, value in zip(CHUNK_SETTINGS, values) if value is not None}
-        what = " ".join(f"{name}={value}" for name, value in settings.items()) or "defaults"
+        settings["walk_blocks_first"] = bool(first)
+        what = f"sequences={sequences} " + " ".join(f"{name}={value}" for name, value in settings.items())
         try:
             cdr.chunk_delta_rule(q, k, v, g, beta, state, cu_seqlens=cu, checkpoints=ckpt, checkpoint_every=64,
                                  **settings)

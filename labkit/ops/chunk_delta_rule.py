@@ -35,7 +35,9 @@ kernels (fla's chunk path has the same shape):
   order carrying S[:, block] in registers, with only the two products the recurrence needs
   (U = U0 - W S and the state update); stores each chunk's start state S0 and deltas U in the
   input dtype (the rounding the output products apply anyway), the checkpoints and the final
-  state. Value columns are independent, so the blocks need no coordination.
+  state. Value columns are independent, so the blocks need no coordination. Where sequences x
+  heads x blocks are more programs than the GPU holds at once (many packed sequences), the
+  blocks widen (:func:`walk_block_v`; below).
 - ``_output_kernel``, per (chunk, value head, value block), all in parallel: P from Q and K, and O.
 
 A call whose sequences are all at most one chunk long (a prefix-cache hit's tail: the restored
@@ -77,6 +79,28 @@ Variable-length batches come packed along T with batch 1 and cumulative offsets 
 (as in fla and FlashInfer). Programs find their sequence and chunk by a vector search over
 ``cu_seqlens`` on the GPU, so nothing is read back to the host and a call can be captured in a
 CUDA graph; grids are sized by an upper bound, and programs past the last chunk exit.
+
+The walk of many sequences. 8 packed sequences of 2,048 tokens took about as long as one of
+16,384 on the H200, although their 8 x 16 recurrences are 32 chunks long instead of 256: 0.698 /
+0.681 ms (64 / 128 output columns) against 0.796 / 0.775, where fla took 0.466 against 0.701; and
+the walk that also wrote the outputs (a heavier walk, since deleted) was slower packed, 1.486
+against 1.266 (data/bench/nvidia-h200/gdn-prefill.json, 2026-12-01). The parallel kernels cannot
+be the difference: they launch 263 chunk slots x 16 heads against 256 x 16 (cdiv(T, 64) + N - 1,
+the slots past the last chunk exiting at once), and each program's search over cu_seqlens is one
+vector of 8 lanes, no loop. The walk is: one program per (sequence, head, 16 columns) gives 1,024
+programs against 128, and at 16 columns two fit an SM (111 KB of shared memory at 3 stages, 76 KB
+at 2: three), so they run in three or four waves of 32 chunks instead of one; the grid's order
+(sequences, heads, then blocks) puts the 8 blocks of a head in different waves, each of which
+fetches that head's W and K tiles again (at 16 KB each per chunk, the bulk of the walk's bytes).
+That is read from the code and the compiler's resource counts (python -m
+labkit.lab.compile_check_prefill), not yet timed: so the blocks widen, doubling from ``block_v``,
+while the walk's programs exceed ``walk_programs_per_sm`` x SMs (``WALK_PROGRAMS_PER_SM`` = 2: 64
+columns for 8 x 16 heads, 256 programs, two per SM at 4 warps and 2 stages, one wave, each tile
+fetched by 2 programs instead of 8), at their own warps and stages (``wide_warps``,
+``wide_stages``: at 3 stages the 64-column walk spills). A single sequence (16 x 8 programs) keeps
+its narrow walk. ``walk_blocks_first`` orders the narrow walk's grid with a head's blocks together
+instead, so that the 8 programs that read a head's tiles run in one wave and one fetch from
+memory serves them all.
 """
 
 from __future__ import annotations
@@ -117,6 +141,15 @@ MAX_HEAD_DIM = 256
 WALK_BLOCK_V = 16  # value columns per walk program (a [128, 16] float32 state slice)
 WALK_WARPS = 4
 WALK_STAGES = 2  # software-pipelining stages of the walk's loop
+# The walk of many sequences (the module docstring): its value blocks widen from block_v until
+# sequences x heads x blocks is at most WALK_PROGRAMS_PER_SM x SMs (walk_block_v; 0: never). At
+# 64 columns, 4 warps and 2 stages it compiles to 242 registers and 98.5 KB of shared memory for
+# sm_90 (two programs per SM; at 3 stages it spills), hence its own warps and stages. Untimed:
+# labkit.bench.gdn_prefill's variants time it against the narrow walk.
+WALK_PROGRAMS_PER_SM = 2
+WIDE_WARPS = 4
+WIDE_STAGES = 2
+WALK_BLOCKS_FIRST = False  # the walk's grid order (see _walk_kernel); untimed
 PREPARE_WARPS = 4
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
@@ -395,12 +428,12 @@ def _advance(S, t0, end, hv, hk, k_ptr, w_ptr, u_ptr, gcum_ptr, unew_ptr, kk, km
 
 
 @device_function
-def _state_slice(DK, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
-    """This program's state columns (block program_id(2) of BLOCK_V): rows kk, columns cols, their
+def _state_slice(block, DK, DV, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The state columns of value block ``block`` (of BLOCK_V columns): rows kk, columns cols, their
     masks, and their offsets within one [DK, DV] state."""
     kk = tl.arange(0, BLOCK_K)
     kmask = kk < DK
-    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = cols < DV
     return kk, kmask, cols, vmask, kmask[:, None] & vmask[None, :], kk[:, None] * DV + cols[None, :]
 
@@ -417,16 +450,27 @@ def _walk_kernel(
     num_seqs, ckpt_every, ckpt_rows,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
-    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr,
+    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr, BLOCKS_FIRST: tl.constexpr,
     DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
-    """Grid (sequences, HV, value blocks): from the initial state (or zero), every chunk's start
-    state (in DT, states_ptr, one row per chunk slot) and deltas (unew_ptr), for
-    ``_output_kernel``; the checkpoints; the final state."""
-    seq = tl.program_id(0)
+    """Grid (sequences, HV, value blocks), or (value blocks x sequences, HV, 1) with BLOCKS_FIRST:
+    from the initial state (or zero), every chunk's start state (in DT, states_ptr, one row per
+    chunk slot) and deltas (unew_ptr), for ``_output_kernel``; the checkpoints; the final state.
+
+    BLOCKS_FIRST gives the value blocks of one (sequence, head) consecutive program ids, so that
+    they are scheduled together and read each chunk's W and K tiles from L2 once fetched: with more
+    programs than fit the GPU at once, the default order runs them in different waves, each of
+    which fetches those tiles again."""
+    if BLOCKS_FIRST:
+        blocks = tl.cdiv(DV, BLOCK_V)
+        seq = tl.program_id(0) // blocks
+        block = tl.program_id(0) % blocks
+    else:
+        seq = tl.program_id(0)
+        block = tl.program_id(2)
     hv = tl.program_id(1)
     hk = hv // (HV // HK)
-    kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
+    kk, kmask, cols, vmask, smask, s_offs = _state_slice(block, DK, DV, BLOCK_K, BLOCK_V)
     bos = tl.load(cu_ptr + seq).to(tl.int32)
     eos = tl.maximum(tl.load(cu_ptr + seq + 1).to(tl.int32), bos)
     if HAS_INIT:
@@ -471,7 +515,7 @@ def _output_kernel(
     n = tl.minimum(eos - t0, C)
     if n > 0:
         hk = hv // (HV // HK)
-        kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
+        kk, kmask, cols, vmask, smask, s_offs = _state_slice(tl.program_id(2), DK, DV, BLOCK_K, BLOCK_V)
         S = tl.load(_state_at(states_ptr, unit, hv, HV, DK, DV) + s_offs, mask=smask, other=0.0)
         r = tl.arange(0, C)
         rm = r < n
@@ -512,7 +556,7 @@ def _single_chunk_kernel(
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // (HV // HK)
-    kk, kmask, cols, vmask, smask, s_offs = _state_slice(DK, DV, BLOCK_K, BLOCK_V)
+    kk, kmask, cols, vmask, smask, s_offs = _state_slice(tl.program_id(2), DK, DV, BLOCK_K, BLOCK_V)
     bos = tl.load(cu_ptr + seq).to(tl.int32)
     n = tl.minimum(tl.maximum(tl.load(cu_ptr + seq + 1).to(tl.int32), bos) - bos, C)
     scratch = tl.program_id(2).to(tl.int64) * tokens * HV
@@ -576,6 +620,21 @@ def prefill_block_v(head_v: int) -> int:
     programs)."""
     whole = max(16, next_pow2(head_v))
     return whole if interpreting() else min(WALK_BLOCK_V, whole)
+
+
+def walk_block_v(num_seqs: int, num_v_heads: int, head_v: int, block_v: int, programs_per_sm: int) -> int:
+    """The walk's value columns per program: ``block_v`` (already checked, at most the head's
+    width), doubled while the walk's programs, ``num_seqs * num_v_heads * cdiv(head_v, width)``,
+    are more than ``programs_per_sm * num_sms()``, up to the whole head (rounded up to a power of
+    two); ``programs_per_sm`` 0: ``block_v`` always. Needs only the number of sequences (no
+    read-back of cu_seqlens)."""
+    whole = max(16, next_pow2(head_v))
+    width = block_v
+    if programs_per_sm:
+        limit = programs_per_sm * num_sms()
+        while width < whole and num_seqs * num_v_heads * cdiv(head_v, width) > limit:
+            width *= 2
+    return width
 
 
 def _checked_block_v(name: str, block_v: int | None, default: int, head_v: int) -> int:
@@ -671,6 +730,10 @@ def chunk_delta_rule(
     output_warps: int = OUTPUT_WARPS,
     single_block_v: int | None = None,
     single_warps: int = SINGLE_WARPS,
+    walk_programs_per_sm: int = WALK_PROGRAMS_PER_SM,
+    wide_warps: int = WIDE_WARPS,
+    wide_stages: int = WIDE_STAGES,
+    walk_blocks_first: bool = WALK_BLOCKS_FIRST,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -706,7 +769,13 @@ def chunk_delta_rule(
         prepare_warps: the triangular solve and the W / U0 products (products_warps, None: the
         same, for the products alone);
         output_block_v (``OUTPUT_BLOCK_V``), output_warps: the parallel outputs;
-        single_block_v (``SINGLE_BLOCK_V``), single_warps: the single-chunk kernel.
+        single_block_v (``SINGLE_BLOCK_V``), single_warps: the single-chunk kernel;
+        walk_programs_per_sm (``WALK_PROGRAMS_PER_SM``; 0: never), wide_warps, wide_stages: the
+        walk's blocks widen from block_v while sequences x value heads x blocks exceed
+        walk_programs_per_sm x SMs (:func:`walk_block_v`), and a widened walk runs at wide_warps
+        and wide_stages instead of num_warps and num_stages;
+        walk_blocks_first: the walk's programs ordered with the value blocks of a (sequence, head)
+        together (``_walk_kernel``).
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
 
@@ -785,9 +854,14 @@ def chunk_delta_rule(
         )
     products_warps = prepare_warps if products_warps is None else products_warps
     _check_warps(num_warps=num_warps, prepare_warps=prepare_warps, products_warps=products_warps,
-                 output_warps=output_warps, single_warps=single_warps)
-    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
-        raise ValueError(f"num_stages must be a number of stages >= 1, got {num_stages!r}")
+                 output_warps=output_warps, single_warps=single_warps, wide_warps=wide_warps)
+    for name, stages in (("num_stages", num_stages), ("wide_stages", wide_stages)):
+        if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+            raise ValueError(f"{name} must be a number of stages >= 1, got {stages!r}")
+    if not isinstance(walk_programs_per_sm, int) or isinstance(walk_programs_per_sm, bool) or walk_programs_per_sm < 0:
+        raise ValueError(f"walk_programs_per_sm must be an integer >= 0 (0: never widen), got {walk_programs_per_sm!r}")
+    if not isinstance(walk_blocks_first, bool):
+        raise ValueError(f"walk_blocks_first must be True or False, got {walk_blocks_first!r}")
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
     output_block_v = _checked_block_v("output_block_v", output_block_v, OUTPUT_BLOCK_V, V)
     single_block_v = _checked_block_v("single_block_v", single_block_v, SINGLE_BLOCK_V, V)
@@ -825,11 +899,15 @@ def chunk_delta_rule(
     unew = torch.empty(total, Hv, V, dtype=dtype, device=device)
     states = torch.empty(chunk_slots, Hv, K, V, dtype=dtype, device=device)
     common = dict(HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_N=block_n, C=CHUNK, DT=tl_dtype, **flags)
-    _walk_kernel[(N, Hv, cdiv(V, block_v))](
+    walk_v = walk_block_v(N, Hv, V, block_v, walk_programs_per_sm)
+    if walk_v > block_v:
+        num_warps, num_stages = wide_warps, wide_stages
+    v_blocks = cdiv(V, walk_v)
+    _walk_kernel[(v_blocks * N, Hv, 1) if walk_blocks_first else (N, Hv, v_blocks)](
         k, w, u, gcum, cu_seqlens, initial_state, final_state, checkpoints, unew, states, N,
         checkpoint_every or CHUNK, 0 if checkpoints is None else checkpoints.shape[0],
-        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, BLOCK_V=block_v, **common,
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, BLOCKS_FIRST=walk_blocks_first,
+        BLOCK_V=walk_v, **common, num_warps=num_warps, num_stages=num_stages,
     )
     _output_kernel[(chunk_slots, Hv, cdiv(V, output_block_v))](
         q, k, gcum, unew, states, cu_seqlens, out, N, K**-0.5, BLOCK_V=output_block_v, **common,

@@ -26,7 +26,9 @@ Kernels and settings (names are the parameters of the function that takes them):
 - ``chunk_delta_rule``: the launch settings of :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`
   (``block_v``, ``num_warps``, ``num_stages`` of the walk; ``prepare_warps``; ``output_block_v``,
   ``output_warps`` of the deferred outputs; ``single_block_v``, ``single_warps`` of the
-  single-chunk kernel), each as its keyword argument of that name takes it;
+  single-chunk kernel; ``walk_programs_per_sm``, ``wide_warps``, ``wide_stages`` of the walk
+  whose value blocks widen when sequences x heads give it more programs than the GPU holds, and
+  ``walk_blocks_first``, its grid order), each as its keyword argument of that name takes it;
 - ``persistent_decode``: ``programs_per_sm`` (the grid: that many resident programs on every SM),
   ``num_warps``, ``max_registers`` (ptxas's cap per thread), ``num_stages`` (the ``tl.dot``
   loop's pipeline past batch 1: its shared memory counts against residency), ``block_k`` (the
@@ -77,7 +79,9 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     "fused_prefill": {"capture_at": (2, _positive), "graphs": (4, _positive)},
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
-                         "single_block_v": (128, _pow2), "single_warps": (4, _pow2)},
+                         "single_block_v": (128, _pow2), "single_warps": (4, _pow2),
+                         "walk_programs_per_sm": (2, _non_negative), "wide_warps": (4, _pow2),
+                         "wide_stages": (2, _positive), "walk_blocks_first": (False, _boolean)},
     # A first guess that compiles clean for sm_90 (python -m labkit compile-check): 2 programs of 8
     # warps per SM, capped at 128 registers so that both fit (the attention tile alone would take
     # 186); 512-wide K tiles divide every reduction of both presets; output tiles of 4 to 8 rows at
