@@ -138,32 +138,31 @@ def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
 
 # -- attention's output gate (Qwen3.5) ---------------------------------------------------------------
 @triton.jit
-def _sigmoid_gate_kernel(o_ptr, g_ptr, out_ptr, rows, T, H, o_sb, o_st, o_sh, g_sb, g_st, g_sh,
+def _sigmoid_gate_kernel(o_ptr, g_ptr, out_ptr, rows, T, H, o_sb, o_st, o_sh, o_sd, g_sb, g_st, g_sh, g_sd,
                          D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                          OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
     """Grid (cdiv(rows, BLOCK_R)), a row per (token, head): out = o * sigmoid(gate), sigmoid rounded
-    to the dtype first; o and gate read through their strides, out contiguous."""
+    to the dtype first; o and gate read through their strides (a unit stride along D is
+    specialised by Triton: contiguous loads), out contiguous."""
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     c = tl.arange(0, BLOCK_D)
     m = (r < rows)[:, None] & (c < D)[None, :]
     token = r // H
     bt, tt, hh = token // T, token % T, r % H
-    o = tl.load(o_ptr + (bt * o_sb + tt * o_st + hh * o_sh)[:, None] + c[None, :], mask=m, other=0.0)
-    g = tl.load(g_ptr + (bt * g_sb + tt * g_st + hh * g_sh)[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+    o = tl.load(o_ptr + (bt * o_sb + tt * o_st + hh * o_sh)[:, None] + c[None, :] * o_sd, mask=m, other=0.0)
+    g = tl.load(g_ptr + (bt * g_sb + tt * g_st + hh * g_sh)[:, None] + c[None, :] * g_sd, mask=m,
+                other=0.0).to(tl.float32)
     s = cast(1.0 / (1.0 + tl.exp(-g)), OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
     tl.store(out_ptr + r[:, None] * D + c[None, :], cast(o.to(tl.float32) * s, OUT_DTYPE, EMULATE_RTNE), mask=m)
 
 
 def sigmoid_gate_rows(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """:func:`labkit.ops.mixers.output_gate_ref` in one kernel: o, gate [B, T, H, D] of one dtype, each
-    with unit stride along D (o: attention's output as the core leaves it, gate: a view of the
-    projection). Returns a contiguous [B, T, H, D]."""
+    """:func:`labkit.ops.mixers.output_gate_ref` in one kernel: o, gate [B, T, H, D] of one dtype, any
+    strides (o: attention's output as the core leaves it, gate: a view of the projection).
+    Returns a contiguous [B, T, H, D]."""
     check_tensor("o", o, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
     B, T, H, D = o.shape
     check_tensor("gate", gate, dtype=o.dtype, shape=(B, T, H, D), contiguous=False, aligned=False)
-    for name, x in (("o", o), ("gate", gate)):
-        if x.stride(3) != 1 and D > 1:
-            raise ValueError(f"{name} must have unit stride along its last dim, got strides {x.stride()}")
     check_devices(o=o, gate=gate)
     out = torch.empty(B, T, H, D, dtype=o.dtype, device=o.device)
     rows = B * T * H
@@ -171,7 +170,7 @@ def sigmoid_gate_rows(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return out
     block_r = _rows_block(D)
     _sigmoid_gate_kernel[(cdiv(rows, block_r),)](
-        o, gate, out, rows, T, H, *o.stride()[:3], *gate.stride()[:3], D=D, BLOCK_R=block_r, BLOCK_D=next_pow2(D),
+        o, gate, out, rows, T, H, *o.stride(), *gate.stride(), D=D, BLOCK_R=block_r, BLOCK_D=next_pow2(D),
         OUT_DTYPE=TORCH_TO_TL[o.dtype], **interpreter_flags(o.dtype), num_warps=4,
     )
     return out
@@ -269,13 +268,13 @@ def _gdn_inputs_kernel(
     at = row0 + t.to(tl.int64)[:, None] * P + ch[None, :]
     st0 = state_ptr + b.to(tl.int64) * (KW - 1) * C
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-    for tap in tl.static_range(KW):
-        back: tl.constexpr = KW - 1 - tap  # rows back from t
-        xp = tl.load(at - back * P, mask=m & (t >= back)[:, None], other=0.0)
+    for tap in tl.static_range(KW):  # tap reads KW - 1 - tap rows back from t
+        xp = tl.load(at - (KW - 1 - tap) * P, mask=m & (t >= KW - 1 - tap)[:, None], other=0.0)
         x = xp.to(tl.float32)
-        if back > 0:
+        if tap < KW - 1:
             if tb == 0:  # the prompt's first rows: this tap reaches into the conv state (zero-filled elsewhere)
-                xs = tl.load(st0 + (t + tap)[:, None] * C + ch[None, :], mask=m & (t < back)[:, None], other=0.0)
+                xs = tl.load(st0 + (t + tap)[:, None] * C + ch[None, :], mask=m & (t < KW - 1 - tap)[:, None],
+                             other=0.0)
                 x += cast(xs, OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
         w = tl.load(conv_w_ptr + ch * KW + tap, mask=dmask, other=0.0).to(tl.float32)
         acc += x * w[None, :]
@@ -425,15 +424,15 @@ def _short_conv_prefill_kernel(proj_ptr, state_ptr, new_state_ptr, w_ptr, out_pt
     at = row0 + t.to(tl.int64)[:, None] * 3 * H + c[None, :]
     st0 = state_ptr + b.to(tl.int64) * (KW - 1) * H
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-    for tap in tl.static_range(KW):
-        back: tl.constexpr = KW - 1 - tap  # rows back from t
-        live = m & (t >= back)[:, None]
-        bv = tl.load(at - back * 3 * H, mask=live, other=0.0)
-        xv = tl.load(at - back * 3 * H + 2 * H, mask=live, other=0.0)
+    for tap in tl.static_range(KW):  # tap reads KW - 1 - tap rows back from t
+        live = m & (t >= KW - 1 - tap)[:, None]
+        bv = tl.load(at - (KW - 1 - tap) * 3 * H, mask=live, other=0.0)
+        xv = tl.load(at - (KW - 1 - tap) * 3 * H + 2 * H, mask=live, other=0.0)
         u = cast(bv.to(tl.float32) * xv.to(tl.float32), OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
-        if back > 0:
+        if tap < KW - 1:
             if tb == 0:  # the prompt's first rows: this tap reaches into the conv state (zero-filled elsewhere)
-                st = tl.load(st0 + (t + tap)[:, None] * H + c[None, :], mask=m & (t < back)[:, None], other=0.0)
+                st = tl.load(st0 + (t + tap)[:, None] * H + c[None, :], mask=m & (t < KW - 1 - tap)[:, None],
+                             other=0.0)
                 u += cast(st, OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
         acc += u * tl.load(w_ptr + c * KW + tap, mask=cmask, other=0.0).to(tl.float32)[None, :]
     cv = tl.load(at + H, mask=m, other=0.0).to(tl.float32)
