@@ -172,8 +172,8 @@ def profile_prefill(model: HybridLM, backend: str, ids: torch.Tensor, warmup: in
         row.wall_runs_ms, row.wall_ms = timing.runs_ms, timing.ms
         runner.reset()
         out: dict[str, torch.Tensor] = {}
-        summarize(profiled(lambda: out.setdefault("logits", runner.prefill(ids).float().clone()), model.device), row)
-        return row, out["logits"]
+        summarize(profiled(lambda: out.setdefault("logits", runner.prefill(ids)), model.device), row)
+        return row, out["logits"].float().clone()  # a copy, outside the profile (a replay overwrites the view)
     except Exception as exc:  # recorded: one failed configuration does not stop the others
         row.error = _error(exc)
         return row, None
@@ -401,17 +401,17 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print("   --sweep-gdn-inputs times the kernel in CUDA graphs: skipped without a GPU")
         results.append(entry)
+        # rewritten after each preset: a run stopped by a time limit keeps what it measured
+        path = write_document(args.name, "prefill-profile", {
+            "tokens": args.tokens, "backend": args.backend, "repeats": args.repeats, "fast_paths": list(FAST_PATHS),
+            "results": results,
+            "note": "wall: CUDA events around decoder.prefill (host work included), median of the repeats; the "
+                    "kernel table: one profiled call (for a graph backend, one replay: memsets and copies are "
+                    "graph nodes); busy: the union of the kernels' intervals",
+        }, facts, command=shlex.join(["python", "-m", "labkit.bench.prefill_profile", *argv]), data_dir=args.data_dir)
         del model, check
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    command = shlex.join(["python", "-m", "labkit.bench.prefill_profile", *argv])
-    path = write_document(args.name, "prefill-profile", {
-        "tokens": args.tokens, "backend": args.backend, "repeats": args.repeats, "fast_paths": list(FAST_PATHS),
-        "results": results,
-        "note": "wall: CUDA events around decoder.prefill (host work included), median of the repeats; the kernel "
-                "table: one profiled call (for a graph backend, one replay: memsets and copies are graph nodes); "
-                "busy: the union of the kernels' intervals",
-    }, facts, command=command, data_dir=args.data_dir)
     print(f"wrote {path}")
     return 1 if failed else 0
 
