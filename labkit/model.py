@@ -13,7 +13,11 @@ every piece in plain torch; it is the function every faster backend must reprodu
 ``in_proj -> labkit.ops.mixers.<mixer>_ref -> out_proj``: the maths between the projections is
 stated once there, and the decode kernels are tested against the same functions. A faster prefill
 runs this same forward with other implementations of the mixers' inner cores (``cores``, a
-:class:`labkit.ops.mixers.MixerCores`: the delta rule, the attention core).
+:class:`labkit.ops.mixers.MixerCores`: the delta rule, the attention core, the element-wise chains,
+the output projections with their residual add). The residual add is the output projection's:
+each mixer and the MLP take the residual stream ``residual`` and return ``residual + out_proj(y)``
+through ``cores.project`` (:func:`labkit.ops.mixers.project_ref`; without ``residual``, the
+projection alone), so that a faster core can add it inside the GEMM.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from .ops.mixers import (
     MixerCores,
     attention_ref,
     gated_deltanet_ref,
+    project_ref,
     swiglu_ref,
 )
 from .ops.norm import rms_norm_ref
@@ -63,9 +68,11 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * width, hidden))
         self.down = nn.Parameter(torch.empty(hidden, width))
 
-    def forward(self, x: torch.Tensor, activation=swiglu_ref) -> torch.Tensor:
-        """``activation``: an implementation of :func:`~labkit.ops.mixers.swiglu_ref` (a core)."""
-        return F.linear(activation(F.linear(x, self.gate_up)), self.down)
+    def forward(self, x: torch.Tensor, activation=swiglu_ref, residual: torch.Tensor | None = None,
+                project=project_ref) -> torch.Tensor:
+        """``activation``, ``project``: implementations of :func:`~labkit.ops.mixers.swiglu_ref` and
+        :func:`~labkit.ops.mixers.project_ref` (cores); with ``residual``, returns residual + the MLP."""
+        return project(activation(F.linear(x, self.gate_up)), self.down, residual)
 
 
 def attention_dims(cfg: ModelConfig) -> AttentionDims:
@@ -110,7 +117,8 @@ class Attention(nn.Module):
         return out
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         keys = values = None
         if cache is not None:  # the sequences' cached positions and the T new ones, nothing past them
@@ -120,9 +128,9 @@ class Attention(nn.Module):
         out = attention_ref(
             F.linear(x, self.wqkv), self.q_norm.weight, self.k_norm.weight, self.inv_freq, keys, values,
             positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset, attend=cores.attend,
-            norm_rope=cores.norm_rope,
+            norm_rope=cores.norm_rope, store_kv=cores.store_kv, output_gate=cores.output_gate,
         )
-        return F.linear(out, self.wo)
+        return cores.project(out, self.wo, residual)
 
 
 class ShortConv(nn.Module):
@@ -137,13 +145,14 @@ class ShortConv(nn.Module):
         self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.hidden_size))
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         state = None if cache is None else cache.conv_states[self.layer]
         y, new_state = cores.short_conv(F.linear(x, self.in_proj), state, self.conv_weight)
         if cache is not None:
-            state.copy_(new_state)
-        return F.linear(y, self.out_proj)
+            state.copy_(new_state)  # a no-op when the core updated the cache's window in place
+        return cores.project(y, self.out_proj, residual)
 
 
 class GatedDeltaNet(nn.Module):
@@ -169,7 +178,8 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.gdn_value_dim))
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
+        self, x: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         conv_state = None if cache is None else cache.conv_states[self.layer]
         state = None if cache is None else cache.recurrent_states[self.layer]
@@ -177,10 +187,10 @@ class GatedDeltaNet(nn.Module):
             F.linear(x, self.in_proj), conv_state, self.conv_weight, self.A_log, self.dt_bias, self.norm_weight,
             state, self.dims, self.cfg.norm_eps, cores=cores,
         )
-        if cache is not None:
+        if cache is not None:  # each a no-op when its core updated the cache's tensor in place
             conv_state.copy_(new_conv_state)
-            state.copy_(new_state)  # a no-op when the delta rule updated the cache's state in place
-        return F.linear(y, self.out_proj)
+            state.copy_(new_state)
+        return cores.project(y, self.out_proj, residual)
 
 
 MIXERS = {"attention": Attention, "conv": ShortConv, "gdn": GatedDeltaNet}
@@ -198,8 +208,9 @@ class Block(nn.Module):
     def forward(
         self, h: torch.Tensor, positions: torch.Tensor, cache: HybridCache | None, cores: MixerCores = REFERENCE_CORES
     ) -> torch.Tensor:
-        h = h + self.mixer(self.mixer_norm(h, cores.rms_norm), positions, cache, cores)
-        return h + self.mlp(self.mlp_norm(h, cores.rms_norm), cores.swiglu)
+        # h + mixer(norm(h)), then h + mlp(norm(h)): the residual adds are the output projections'
+        h = self.mixer(self.mixer_norm(h, cores.rms_norm), positions, cache, cores, residual=h)
+        return self.mlp(self.mlp_norm(h, cores.rms_norm), cores.swiglu, residual=h, project=cores.project)
 
 
 class HybridLM(nn.Module):

@@ -46,6 +46,21 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def poison_empty(monkeypatch, module) -> None:
+    """Make ``torch.empty`` as ``module`` calls it return tensors filled with NaN (until ``monkeypatch``
+    is undone), so that an element a kernel of that module fails to write fails the comparison."""
+    real = torch.empty
+
+    def empty(*shape, dtype=None, device=None, **kw):
+        return real(*shape, dtype=dtype, device=device, **kw).fill_(float("nan"))
+
+    class PoisonedTorch:
+        def __getattr__(self, name):
+            return empty if name == "empty" else getattr(torch, name)
+
+    monkeypatch.setattr(module, "torch", PoisonedTorch())
+
+
 @pytest.fixture(params=["reversed", "shuffled"])
 def scrambled_grid(request, monkeypatch):
     """Interpreted kernels run their grid backwards, then shuffled (tests/grid_order.py): a result

@@ -20,7 +20,7 @@ import torch
 import labkit
 from conftest import rel_err
 from labkit.decode.registry import make_decoder
-from labkit.ops.mixers import attend_causal, attend_continuing, attend_ref
+from labkit.ops.mixers import attend_causal, attend_continuing, attend_ref, store_kv_ref, store_kv_slice
 
 BATCH = 3
 
@@ -166,3 +166,44 @@ def test_the_reference_backend_needs_no_triton():
     root = os.path.dirname(os.path.dirname(labkit.__file__))  # this labkit, wherever it is installed
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("start,T,L", [(0, 7, 7), (0, 5, 9), (4, 3, 12)])
+def test_the_slice_write_is_the_indexed_one(start, T, L):
+    """Every row writes positions start..start+T-1: two slice copies put the same values in the same
+    slots as the reference's index_put, and leave every other slot as it was (sentinels here)."""
+    gen = torch.Generator().manual_seed(T)
+    B, nkv, hd = 3, 2, 8
+    k, v = torch.randn(2, B, T, nkv, hd, generator=gen)
+    positions = (start + torch.arange(T)).expand(B, T)
+    bufs = {name: torch.full((B, nkv, L, hd), 7.0) for name in ("ref_k", "ref_v", "k", "v")}
+    want = store_kv_ref(bufs["ref_k"], bufs["ref_v"], k, v, positions)
+    slots = torch.arange(L + 5).expand(B, -1)  # made for a longer buffer: the first L are returned
+    got = store_kv_slice(bufs["k"], bufs["v"], k, v, positions, start=start, key_positions=slots)
+    assert torch.equal(bufs["k"], bufs["ref_k"]) and torch.equal(bufs["v"], bufs["ref_v"])
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="start \\+ T"):
+        store_kv_slice(bufs["k"], bufs["v"], k, v, positions, start=L - T + 1, key_positions=slots)
+
+
+def test_the_fast_paths_are_switched_by_their_names(monkeypatch):
+    """prefill_cores lends each fast path when it is on, its reference when it is off."""
+    from labkit.decode import fused_prefill
+    from labkit.ops import prefill_fusions as pf
+    from labkit.ops.mixers import REFERENCE_CORES
+
+    model = labkit.build("tiny-qwen3.5", dtype=torch.float32, seed=0)
+    cache = model.new_cache(2, 16)
+    cores = fused_prefill.prefill_cores(REFERENCE_CORES.delta_rule, cache, pf)
+    assert cores.project is pf.project_residual and cores.output_gate is pf.sigmoid_gate_rows
+    assert cores.store_kv.func is store_kv_slice and cores.store_kv.keywords["start"] == 0
+    assert cores.gdn_inputs.keywords["update_state"] and cores.short_conv.keywords["update_state"]
+    for name in fused_prefill.FAST_PATHS:
+        monkeypatch.setitem(fused_prefill.FAST_PATHS, name, False)
+    cores = fused_prefill.prefill_cores(REFERENCE_CORES.delta_rule, cache, pf)
+    assert cores.project is REFERENCE_CORES.project and cores.output_gate is REFERENCE_CORES.output_gate
+    assert cores.store_kv is store_kv_ref
+    assert not cores.gdn_inputs.keywords["update_state"] and not cores.short_conv.keywords["update_state"]
+    cache._host_lengths = [3, 5]  # rows at different lengths: the indexed write, whatever the switch
+    monkeypatch.setitem(fused_prefill.FAST_PATHS, "store_kv_slice", True)
+    assert fused_prefill.prefill_cores(REFERENCE_CORES.delta_rule, cache, pf).store_kv is store_kv_ref

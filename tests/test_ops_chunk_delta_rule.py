@@ -289,7 +289,8 @@ def test_benchmark_needs_a_gpu():
 def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     """Through Triton's real compiler and ptxas (python -m labkit.lab.compile_check_prefill), which the
     interpreter never exercises: the four kernels of the chunk path and the single-chunk kernel, at
-    H = 16, K = V = 128, bf16, for sm_90 (H100/H200) and sm_100 (B200)."""
+    H = 16, K = V = 128, bf16, for sm_90 (H100/H200) and sm_100 (B200); for sm_90 also the prefill's
+    element-wise kernels (labkit.ops.prefill_fusions) at both presets' shapes."""
     import os
     import subprocess
     import sys
@@ -298,7 +299,8 @@ def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-m", "labkit.lab.compile_check_prefill", "--arch", str(arch)],
+    fusions = ["--fusions"] if arch == 90 else []  # the prefill's element-wise kernels too, for the H200
+    run = subprocess.run([sys.executable, "-m", "labkit.lab.compile_check_prefill", "--arch", str(arch), *fusions],
                          capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"for sm_{arch}" in run.stdout and "; 0 failures" in run.stdout
@@ -309,3 +311,6 @@ def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     for width in (16, 64):
         for first in (False, True):
             assert any(f"BLOCK_V={width}," in line and f"BLOCKS_FIRST={first}" in line for line in walks), walks
+    for kernel in ("_gdn_inputs_kernel", "_short_conv_prefill_kernel", "_sigmoid_gate_kernel", "_swiglu_kernel",
+                   "_rms_norm_kernel", "_gated_rms_norm_kernel", "_norm_rope_kernel") if fusions else ():
+        assert kernel in run.stdout

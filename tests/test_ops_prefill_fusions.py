@@ -6,9 +6,10 @@ the module), so an element a kernel fails to write fails the comparison."""
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import poison_empty, rel_err
 from labkit.ops import prefill_fusions as pf
-from labkit.ops.mixers import GdnDims, gdn_inputs_ref, norm_rope_ref, short_conv_ref, swiglu_ref
+from labkit.ops.mixers import (GdnDims, gdn_inputs_ref, norm_rope_ref, output_gate_ref, project_ref, short_conv_ref,
+                               swiglu_ref)
 from labkit.ops.rope import rope_inv_freq
 from labkit.ops.norm import gated_rms_norm_ref, rms_norm_ref
 
@@ -18,16 +19,7 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=[
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    real = torch.empty
-
-    def empty(*shape, dtype=None, device=None, **kw):
-        return real(*shape, dtype=dtype, device=device, **kw).fill_(float("nan"))
-
-    class PoisonedTorch:
-        def __getattr__(self, name):
-            return empty if name == "empty" else getattr(torch, name)
-
-    monkeypatch.setattr(pf, "torch", PoisonedTorch())
+    poison_empty(monkeypatch, pf)
 
 
 def _randn(*shape, seed, dtype, device, scale=1.0):
@@ -139,3 +131,91 @@ def test_bad_input_is_refused(device):
     o = torch.zeros(1, 2, 1, 8, device=device)
     with pytest.raises(ValueError, match="unit stride"):
         pf.gated_rms_norm_rows(o, torch.zeros(1, 2, 1, 16, device=device)[..., ::2], torch.ones(8, device=device), 1e-6)
+
+
+# -- the conv windows written by the kernels, the launch settings, the output gate, the residual GEMM --
+def _gdn_case(T, dtype, device, state_dtype=None):
+    dims = GdnDims(num_k_heads=2, num_v_heads=3, k_head_dim=12, v_head_dim=20)
+    B, KW = 2, 4
+    proj = _randn(B, T, dims.proj_dim, seed=T, dtype=dtype, device=device)
+    state = _randn(B, KW - 1, dims.conv_dim, seed=5, dtype=state_dtype or dtype, device=device)
+    conv_w = _randn(dims.conv_dim, KW, seed=6, dtype=dtype, device=device, scale=0.5)
+    A_log = _randn(dims.num_v_heads, seed=7, dtype=torch.float32, device=device)
+    dt_bias = _randn(dims.num_v_heads, seed=8, dtype=torch.float32, device=device)
+    return (proj, state, conv_w, A_log, dt_bias, dims)
+
+
+@pytest.mark.parametrize("T", [2, 11])  # shorter than the window (old rows move up), and several blocks
+def test_gdn_inputs_updates_the_window_in_place(T, device, scrambled_grid):
+    proj, state, *rest = _gdn_case(T, torch.bfloat16, device, state_dtype=torch.float32)
+    want = gdn_inputs_ref(proj, state, *rest)
+    cache_state = state.clone()
+    got = pf.gdn_inputs(proj, cache_state, *rest, update_state=True, block_t=4)
+    assert got[6] is cache_state and torch.equal(cache_state, want[6])
+    for a, b in zip(got[:5], want[:5]):
+        assert rel_err(a.float(), b.float()) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("settings", [dict(block_t=4, num_warps=2, heads_first=False), dict(block_t=64, heads_first=True)])
+def test_gdn_inputs_settings_give_the_same_bits(settings, device):
+    case = _gdn_case(19, torch.bfloat16, device)
+    base = pf.gdn_inputs(*case)
+    assert all(torch.equal(a, b) for a, b in zip(pf.gdn_inputs(*case, **settings), base))
+
+
+def test_gdn_inputs_refuses_bad_settings(device):
+    case = _gdn_case(5, torch.float32, device)
+    with pytest.raises(ValueError, match="block_t must be a power of two >= the conv's 3"):
+        pf.gdn_inputs(*case, block_t=2)
+    with pytest.raises(ValueError, match="block_t must be a power of two"):
+        pf.gdn_inputs(*case, block_t=12)
+    with pytest.raises(ValueError, match="num_warps"):
+        pf.gdn_inputs(*case, num_warps=3)
+
+
+@pytest.mark.parametrize("T", [1, 29])
+def test_short_conv_prefill_updates_the_window_in_place(T, device):
+    B, H, KW = 2, 24, 3
+    proj = _randn(B, T, 3 * H, seed=T, dtype=torch.bfloat16, device=device)
+    state = _randn(B, KW - 1, H, seed=21, dtype=torch.float32, device=device)  # rounded to bf16 on the way, as torch.cat does
+    w = _randn(H, KW, seed=22, dtype=torch.bfloat16, device=device)
+    y_ref, new_ref = short_conv_ref(proj, state, w)
+    cache_state = state.clone()
+    y, new_state = pf.short_conv_prefill(proj, cache_state, w, update_state=True)
+    assert new_state is cache_state and torch.equal(cache_state, new_ref)
+    assert rel_err(y, y_ref) < BOUND[torch.bfloat16]
+
+
+@DTYPES
+def test_sigmoid_gate_rows_reads_strided_inputs(dtype, device):
+    B, T, H, D = 3, 7, 2, 20
+    o = _randn(B, H, T, D, seed=51, dtype=dtype, device=device).transpose(1, 2)  # the attention core's layout
+    proj = _randn(B, T, H * D + 3, seed=52, dtype=dtype, device=device, scale=3.0)
+    gate = proj[..., 3:].reshape(B, T, H, D)  # a strided, unaligned view
+    got = pf.sigmoid_gate_rows(o, gate)
+    want = output_gate_ref(o, gate)
+    assert got.shape == (B, T, H, D) and got.dtype == dtype and got.is_contiguous()
+    assert rel_err(got, want) < 1e-6  # the same two roundings as torch's ops on the dtype
+    spaced = _randn(B, T, H, 2 * D, seed=53, dtype=dtype, device=device)[..., ::2]  # a stride of 2 along D
+    assert rel_err(pf.sigmoid_gate_rows(o, spaced), output_gate_ref(o, spaced)) < 1e-6
+
+
+def test_a_nan_in_the_gate_is_not_hidden(device):
+    o = torch.ones(1, 3, 1, 8, device=device)
+    gate = torch.zeros(1, 3, 1, 8, device=device)
+    gate[0, 1, 0, 5] = float("nan")
+    got = pf.sigmoid_gate_rows(o, gate)
+    assert got[0, 1, 0, 5].isnan() and rel_err(got, output_gate_ref(o, torch.zeros_like(gate))) == float("inf")
+
+
+@DTYPES
+def test_project_residual_adds_in_the_gemm(dtype, device):
+    x = _randn(3, 5, 24, seed=61, dtype=dtype, device=device)
+    w = _randn(40, 24, seed=62, dtype=dtype, device=device, scale=0.2)
+    h = _randn(3, 5, 40, seed=63, dtype=dtype, device=device)
+    want = project_ref(x, w, h)
+    got = pf.project_residual(x, w, h)
+    assert got is h and rel_err(got, want) < BOUND[dtype]  # the sum rounded once: an ulp at most apart
+    assert torch.equal(pf.project_residual(x, w), project_ref(x, w))  # no residual: the projection alone
+    with pytest.raises(ValueError, match="does not give residual's shape"):
+        pf.project_residual(x, w, h[..., :39].contiguous())

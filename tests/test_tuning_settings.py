@@ -63,9 +63,11 @@ def test_the_h200_file_holds_every_setting_the_code_held(gpu_named):
 def test_the_heuristics_are_the_ops_defaults():
     """A GPU without a file runs what the ops run when not told: the heuristic table and the
     defaults of the parameters that take the settings are one set of values."""
-    # the kernels the code held constants for, and the persistent step's first guess
-    assert {k: dict(v) for k, v in tuning.HEURISTICS.items() if k != "persistent_decode"} == BEFORE
-    assert set(tuning.HEURISTICS) == {*BEFORE, "persistent_decode"}
+    # the kernels the code held constants for, and the first guesses of the persistent step and of
+    # gdn_inputs (its block_t and num_warps as the code held them, its grid order new)
+    new = ("persistent_decode", "gdn_inputs")
+    assert {k: dict(v) for k, v in tuning.HEURISTICS.items() if k not in new} == BEFORE
+    assert set(tuning.HEURISTICS) == {*BEFORE, *new}
     h = tuning.HEURISTICS
 
     def defaults(fn, *names):
@@ -85,6 +87,7 @@ def test_the_heuristics_are_the_ops_defaults():
     # the block widths default to None (the constant, capped at the head): every other setting as is
     chunk = {k: v for k, v in defaults(chunk_delta_rule, *h["chunk_delta_rule"]).items() if v is not None}
     assert chunk == {k: h["chunk_delta_rule"][k] for k in chunk} and len(chunk) == len(h["chunk_delta_rule"]) - 3
+    assert defaults(prefill_fusions.gdn_inputs, *h["gdn_inputs"]) == dict(h["gdn_inputs"])
 
 
 def test_the_gpu_rule_of_gdn_block_v_and_attention_chunk_take_the_settings(monkeypatch):
@@ -240,7 +243,8 @@ def test_the_fused_decoder_passes_the_tuned_settings(monkeypatch):
              "attention_decode": {**tuning.HEURISTICS["attention_decode"], "release_early": False},
              "gated_delta_decode": {**tuning.HEURISTICS["gated_delta_decode"], "release_early": False},
              "norm_rope": {"rotated_only": False, "num_warps": 8},
-             "fused_prefill": {"capture_at": 3, "graphs": 1}}
+             "fused_prefill": {"capture_at": 3, "graphs": 1},
+             "gdn_inputs": {"block_t": 8, "num_warps": 2, "heads_first": False}}
     asked = []
 
     def settings(kernel, device=None, directory=None):
@@ -259,6 +263,7 @@ def test_the_fused_decoder_passes_the_tuned_settings(monkeypatch):
     assert plan.attn_args["chunk"] == attn_mod.attention_chunk(8, model.cfg.head_dim)[0]
     assert decoder.prefill_policy == tuned["fused_prefill"]
     assert decoder.prefill_cores().norm_rope.keywords == tuned["norm_rope"]
+    assert decoder.prefill_cores().gdn_inputs.keywords == {"update_state": True, **tuned["gdn_inputs"]}
     assert {d for _, d in asked} == {model.device}
     tokens = decoder.prefill(torch.randint(0, model.cfg.vocab_size, (2, 3))).argmax(-1)
     decoder.step(tokens)  # runs with them (release and placement change no result: test_ops_pdl_paths)

@@ -5,13 +5,15 @@
     python -m labkit bench ops --name ...                          # each decode op, checked then timed
     python -m labkit bench hw | table                              # GPU facts; the README's table
     python -m labkit bench hit-timeline | hit-host                 # a prefix-cache hit: clock vs GPU; host side
+    python -m labkit bench prefill-profile --check --ablate all    # a prefill's device time, kernel by kernel
     python -m labkit bench --help                                  # every subcommand (chain, tma, latency, ...)
     python -m labkit tune                                          # linear blockings -> data/tuning/
 
 Modules: :mod:`~labkit.bench.decode` (decode and prefill, labkit's backends and peers),
 :mod:`~labkit.bench.ops` (single ops at the real shapes), :mod:`~labkit.bench.tune` (the sweep
 behind ``data/tuning``), :mod:`~labkit.bench.results` (files and tables), :mod:`~labkit.bench.prefix_hit` (a prefix-cache hit),
-:mod:`~labkit.bench.tma_alignment`, :mod:`~labkit.bench.ncu_metrics`. All of them time with
+:mod:`~labkit.bench.prefill_profile` (a prefill per kernel), :mod:`~labkit.bench.tma_alignment`,
+:mod:`~labkit.bench.ncu_metrics`. All of them time with
 :func:`labkit.lab.timing.measure`.
 """
 

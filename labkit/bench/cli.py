@@ -168,6 +168,7 @@ OWN_PARSERS = {
     "pitfalls": ("labkit.bench.pitfalls", ()),  # the article's pitfalls: shared memory past 48 KB, host work, TF32
     "counters": ("labkit.bench.counters", ("counters",)),  # one decode step's kernels under Nsight Compute
     "bank-conflicts": ("labkit.bench.counters", ("bank-conflicts",)),  # shared-tile transposes: predicted, counted
+    "prefill-profile": ("labkit.bench.prefill_profile", ()),  # a prefill's device time, kernel by kernel
 }
 
 

@@ -26,10 +26,12 @@ layer's weights and state:
 The conv and delta-rule states are returned new (the inputs are left as they were); the KV cache
 is written in place, since copying a whole cache per token would be the reference's main cost.
 
-Two inner computations are parameters, :class:`MixerCores`: the delta rule and the attention core
-(the softmax line above). A faster path passes another implementation of the same function (the
-chunked Triton delta rule, SDPA's causal form) and runs everything around it from these very
-functions, so nothing here is restated elsewhere.
+The inner computations are parameters, :class:`MixerCores`: the delta rule, the attention core
+(the softmax line above), the KV cache write, the element-wise chains, and the blocks' output
+projections with their residual add (:func:`project_ref`). A faster path passes another
+implementation of the same function (the chunked Triton delta rule, SDPA's causal form, a slice
+copy into the cache, one cuBLAS call for projection + residual) and runs everything around it from
+these very functions, so nothing here is restated elsewhere.
 """
 
 from __future__ import annotations
@@ -161,6 +163,51 @@ def attend_continuing(
     )
 
 
+def store_kv_ref(keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+    """The KV cache write: the new tokens' ``k``, ``v`` [B, T, nkv, hd] into ``keys``, ``values``
+    [B, nkv, L, hd] at ``positions`` [B, T] (in place; rows may differ). Returns the key positions
+    [B, L] the attention core reads (each slot's own position)."""
+    B = k.shape[0]
+    rows = torch.arange(B, device=k.device)[:, None]
+    keys[rows, :, positions] = k
+    values[rows, :, positions] = v
+    return torch.arange(keys.shape[2], device=k.device).expand(B, -1)
+
+
+def store_kv_slice(keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   positions: torch.Tensor, *, start: int, key_positions: torch.Tensor) -> torch.Tensor:
+    """:func:`store_kv_ref` for T new tokens that every row writes at positions start..start+T-1 (a
+    prefill into a fresh cache, start 0, or after ``start`` cached tokens in every row): two slice
+    copies instead of advanced indexing (an index_put, with a copy of its values first, per tensor).
+    ``key_positions`` [B, >= L] (slot positions, 0, 1, ...) is made once by the caller for every
+    layer; its first L columns are returned, as the reference makes them. The caller vouches for
+    the positions (reading them here would sync the device); the shapes are checked."""
+    T = k.shape[1]
+    if start < 0 or keys.shape[2] < start + T or key_positions.shape[-1] < keys.shape[2]:
+        raise ValueError(
+            f"the slice write needs start >= 0 and a key buffer of at least start + T = {start + T} slots, and key "
+            f"positions for all of them (start={start}, {keys.shape[2]} slots, {key_positions.shape[-1]} positions); "
+            "use store_kv_ref when rows differ"
+        )
+    keys[:, :, start:start + T].copy_(k.transpose(1, 2))
+    values[:, :, start:start + T].copy_(v.transpose(1, 2))
+    return key_positions[:, :keys.shape[2]]
+
+
+def output_gate_ref(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Attention's output gate (Qwen3.5): o * sigmoid(gate), both [B, T, nh, hd], in their dtype
+    (sigmoid's result rounded to it before the product, as torch's ops on the dtype do)."""
+    return o * torch.sigmoid(gate)
+
+
+def project_ref(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """A block's output projection, x @ weight^T, added to the residual stream when ``residual`` is
+    given (residual + F.linear(x, weight): the projection rounded to the dtype, then the sum)."""
+    y = F.linear(x, weight)
+    return y if residual is None else residual + y
+
+
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # delta_rule_ref's signature
 Attend = Callable[..., torch.Tensor]  # attend_ref's signature
 Conv = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # causal_conv_ref's signature
@@ -177,7 +224,10 @@ class MixerCores:
     :func:`~labkit.ops.norm.gated_rms_norm_ref`; ``short_conv`` as :func:`short_conv_ref`;
     ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
     ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``norm_rope`` as :func:`norm_rope_ref`
-    (attention's q and k before the core); ``conv(x, weight, state) -> (y, new state)`` as
+    (attention's q and k before the core); ``store_kv`` as :func:`store_kv_ref` (attention's cache
+    write); ``output_gate`` as :func:`output_gate_ref`; ``project`` as :func:`project_ref` (the
+    mixers' and the MLP's output projections, with the residual add: an implementation may update
+    ``residual`` in place and return it); ``conv(x, weight, state) -> (y, new state)`` as
     :func:`~labkit.ops.causal_conv.causal_conv_ref`, the depthwise causal conv inside the reference
     ``short_conv`` and ``gdn_inputs`` (the prefix cache wraps it to read the conv windows at block
     boundaries; left out, those two references use it).
@@ -192,6 +242,9 @@ class MixerCores:
     swiglu: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # swiglu_ref, set below
     norm_rope: Callable[..., torch.Tensor] = None  # type: ignore[assignment]  # norm_rope_ref, set below
     conv: Conv = causal_conv_ref
+    store_kv: Callable[..., torch.Tensor] = store_kv_ref
+    output_gate: Callable[..., torch.Tensor] = output_gate_ref
+    project: Callable[..., torch.Tensor] = project_ref
 
     def __post_init__(self) -> None:
         # the references are defined below this class: fill them in where left out
@@ -303,13 +356,15 @@ def attention_ref(
     unit_offset: bool,
     attend: Attend = attend_ref,
     norm_rope: Callable[..., torch.Tensor] | None = None,
+    store_kv: Callable[..., torch.Tensor] = store_kv_ref,
+    output_gate: Callable[..., torch.Tensor] = output_gate_ref,
 ) -> torch.Tensor:
     """Attention after the qkv projection: y [B, T, nh*hd] in proj's dtype.
 
     ``positions`` [B, T] (integer) are the new tokens' positions; sequences may differ. ``keys``,
     ``values`` [B, nkv, L, hd] hold each sequence's earlier tokens at their positions below L; the
-    new k, v are written into them (in place) and a query at position p sees every key at a
-    position <= p. Without a cache (None), the T tokens attend among themselves.
+    new k, v are written into them (in place, by ``store_kv``) and a query at position p sees every
+    key at a position <= p. Without a cache (None), the T tokens attend among themselves.
     """
     B, T, _ = proj.shape
     nh, nkv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
@@ -321,14 +376,11 @@ def attention_ref(
     if keys is None:
         keys, values, key_pos = k.transpose(1, 2), v.transpose(1, 2), positions
     else:
-        rows = torch.arange(B, device=proj.device)[:, None]
-        keys[rows, :, positions] = k
-        values[rows, :, positions] = v
-        key_pos = torch.arange(keys.shape[2], device=proj.device).expand(B, -1)
-    out = attend(q.transpose(1, 2), keys, values, positions, key_pos).transpose(1, 2).reshape(B, T, nh * hd)
+        key_pos = store_kv(keys, values, k, v, positions)
+    out = attend(q.transpose(1, 2), keys, values, positions, key_pos).transpose(1, 2)  # [B, T, nh, hd]
     if dims.output_gate:
-        out = out * torch.sigmoid(parts[3])
-    return out
+        out = output_gate(out, parts[3].reshape(B, T, nh, hd))
+    return out.reshape(B, T, nh * hd)
 
 
 REFERENCE_CORES = MixerCores()

@@ -21,15 +21,21 @@ rounding to the model's dtype at the end. References (one statement of each piec
   over the prompt (B * x rounded to the dtype before the conv, as the reference forms it);
 - :func:`swiglu_rows`: :func:`labkit.ops.mixers.swiglu_ref`, the MLP's silu(gate) * up;
 - :func:`norm_rope_rows`: :func:`labkit.ops.mixers.norm_rope_ref`, attention's per-head RMSNorm
-  and RoPE of q and k, read in place from the projection.
+  and RoPE of q and k, read in place from the projection;
+- :func:`sigmoid_gate_rows`: :func:`labkit.ops.mixers.output_gate_ref`, Qwen3.5 attention's
+  o * sigmoid(gate), the gate read in place from the projection;
+- :func:`project_residual`: :func:`labkit.ops.mixers.project_ref` with the residual add in cuBLAS's
+  epilogue (no kernel of ours: one ``addmm_``).
 
-The conv states' new windows (the last KW-1 raw rows) are a few rows: the launchers form them
-with torch, before anything is overwritten.
+The two convs also write their new windows (the last KW-1 inputs) from the programs of the first
+block of tokens, the only ones that read the old window: into a new tensor, or into the cache's
+own (``update_state``), which spares the prefill a ``torch.cat`` and a copy per layer.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -41,6 +47,20 @@ from .mixers import GdnDims
 def _rows_block(width: int) -> int:
     """Rows per program: about 4K elements a program (a few KB of registers at 4-8 warps)."""
     return max(1, min(64, 4096 // next_pow2(width)))
+
+
+def _checked_block_t(block_t: int, kw: int) -> int:
+    """Tokens per program of a conv over the prompt: a power of two covering the KW - 1 rows before
+    it (so that only the first block of tokens reads the conv state)."""
+    if not isinstance(block_t, int) or block_t < 1 or block_t & (block_t - 1) or block_t < kw - 1:
+        raise ValueError(f"block_t must be a power of two >= the conv's {kw - 1} window rows, got {block_t!r}")
+    return block_t
+
+
+def _checked_warps(num_warps: int) -> int:
+    if not isinstance(num_warps, int) or num_warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
+    return num_warps
 
 
 # -- RMSNorm over rows ------------------------------------------------------------------------------
@@ -116,21 +136,124 @@ def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# -- attention's output gate (Qwen3.5) ---------------------------------------------------------------
+@triton.jit
+def _sigmoid_gate_kernel(o_ptr, g_ptr, out_ptr, rows, T, H, o_sb, o_st, o_sh, o_sd, g_sb, g_st, g_sh, g_sd,
+                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                         OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (cdiv(rows, BLOCK_R)), a row per (token, head): out = o * sigmoid(gate), sigmoid rounded
+    to the dtype first; o and gate read through their strides (a unit stride along D is
+    specialised by Triton: contiguous loads), out contiguous."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    c = tl.arange(0, BLOCK_D)
+    m = (r < rows)[:, None] & (c < D)[None, :]
+    token = r // H
+    bt, tt, hh = token // T, token % T, r % H
+    o = tl.load(o_ptr + (bt * o_sb + tt * o_st + hh * o_sh)[:, None] + c[None, :] * o_sd, mask=m, other=0.0)
+    g = tl.load(g_ptr + (bt * g_sb + tt * g_st + hh * g_sh)[:, None] + c[None, :] * g_sd, mask=m,
+                other=0.0).to(tl.float32)
+    s = cast(1.0 / (1.0 + tl.exp(-g)), OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+    tl.store(out_ptr + r[:, None] * D + c[None, :], cast(o.to(tl.float32) * s, OUT_DTYPE, EMULATE_RTNE), mask=m)
+
+
+def sigmoid_gate_rows(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """:func:`labkit.ops.mixers.output_gate_ref` in one kernel: o, gate [B, T, H, D] of one dtype, any
+    strides (o: attention's output as the core leaves it, gate: a view of the projection).
+    Returns a contiguous [B, T, H, D]."""
+    check_tensor("o", o, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
+    B, T, H, D = o.shape
+    check_tensor("gate", gate, dtype=o.dtype, shape=(B, T, H, D), contiguous=False, aligned=False)
+    check_devices(o=o, gate=gate)
+    out = torch.empty(B, T, H, D, dtype=o.dtype, device=o.device)
+    rows = B * T * H
+    if rows * D == 0:
+        return out
+    block_r = _rows_block(D)
+    _sigmoid_gate_kernel[(cdiv(rows, block_r),)](
+        o, gate, out, rows, T, H, *o.stride(), *gate.stride(), D=D, BLOCK_R=block_r, BLOCK_D=next_pow2(D),
+        OUT_DTYPE=TORCH_TO_TL[o.dtype], **interpreter_flags(o.dtype), num_warps=4,
+    )
+    return out
+
+
+# -- output projections with the residual add ---------------------------------------------------------
+def project_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`labkit.ops.mixers.project_ref` with the residual add inside cuBLAS's GEMM: with
+    ``residual`` [..., N], ``residual += x @ weight^T`` as one ``addmm_`` (beta = 1: the epilogue
+    reads residual and adds it in float32), updated in place and returned; no add kernel, no
+    second pass over the [T, N] activations. Rounding: the sum is rounded once, where the
+    reference rounds the projection to the dtype first and then the sum, so the two can differ by
+    one unit in the last place of the dtype. x [..., K], weight [N, K], all of one dtype and device;
+    residual contiguous (it is written through a [rows, N] view). Without ``residual``: F.linear."""
+    if residual is None:
+        return F.linear(x, weight)
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, shape=(None, None), contiguous=False, aligned=False)
+    N, K = weight.shape
+    check_tensor("x", x, dtype=weight.dtype, contiguous=False, aligned=False)
+    check_tensor("residual", residual, dtype=weight.dtype, aligned=False)
+    if x.shape[-1] != K or residual.shape != (*x.shape[:-1], N):
+        raise ValueError(f"project_residual: x {list(x.shape)} @ weight^T {[K, N]} does not give residual's "
+                         f"shape {list(residual.shape)}")
+    if len({x.device, weight.device, residual.device}) != 1:
+        raise ValueError(f"x, weight and residual must be on one device, got {x.device}, {weight.device}, {residual.device}")
+    residual.view(-1, N).addmm_(x.reshape(-1, K), weight.t())
+    return residual
+
+
 # -- Gated DeltaNet: projection -> q, k, v, g, beta -------------------------------------------------
+@device_function
+def _conv_window_store(row0, st0, new_st0, ch, cmask, T, P, C, X_OFFSET, KW: tl.constexpr, KW_PAD: tl.constexpr,
+                       GATED: tl.constexpr, OUT_DTYPE: tl.constexpr, STATE_DTYPE: tl.constexpr,
+                       EMULATE_RTNE: tl.constexpr):
+    """A causal conv's new window, channels ``ch`` of one sequence: row i < KW - 1 is u[T + i] of
+    u = (old window, the conv's inputs over the prompt): input row T - (KW - 1) + i, or old row
+    T + i for a prompt shorter than the window; in the projection's dtype, then the state's (as the
+    references' ``torch.cat`` rounds them). The input at row s, channel c is proj[s, c] (Gated
+    DeltaNet's raw q|k|v, row stride P), or with GATED proj[s, c] * proj[s, c + X_OFFSET] rounded
+    (LFM2's B * x).
+
+    The window may be updated in place (``new_st0`` is ``st0``): only the calling program reads or
+    writes these channels of it, and the barrier keeps every load of the old window (the caller's
+    taps and the rows here) ahead of every store."""
+    i = tl.arange(0, KW_PAD)
+    src = T - (KW - 1) + i
+    live = (i < KW - 1)[:, None] & cmask[None, :]
+    fresh = live & (src >= 0)[:, None]
+    at = row0 + src.to(tl.int64)[:, None] * P + ch[None, :]
+    new = tl.load(at, mask=fresh, other=0.0)
+    if GATED:
+        x = tl.load(at + X_OFFSET, mask=fresh, other=0.0)
+        new = cast(new.to(tl.float32) * x.to(tl.float32), OUT_DTYPE, EMULATE_RTNE)
+    old = tl.load(st0 + (T + i)[:, None] * C + ch[None, :], mask=live & (src < 0)[:, None], other=0.0)
+    win = tl.where((src >= 0)[:, None], new, cast(old, OUT_DTYPE, EMULATE_RTNE))
+    tl.debug_barrier()
+    tl.store(new_st0 + i[:, None] * C + ch[None, :], cast(win, STATE_DTYPE, EMULATE_RTNE), mask=live)
+
+
 @triton.jit
 def _gdn_inputs_kernel(
-    proj_ptr, state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+    proj_ptr, state_ptr, new_state_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     T, P, C,
-    NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KW_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, STATE_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
-    """Grid (cdiv(T, BLOCK_T), 2 NK + NV, B): one head of q, k or v (j < NK: q head j; j < 2 NK:
-    k head j - NK; else v head j - 2 NK, which also writes that head's g and beta) for a block of
-    tokens of sequence b. The conv's taps read rows t - KW + 1 .. t: from the projection where
-    t' >= 0, from the conv state (its row KW - 1 + t') before the prompt."""
-    tb = tl.program_id(0)
-    j = tl.program_id(1)
+    """Grid (2 NK + NV, cdiv(T, BLOCK_T), B) with HEADS_FIRST, else (cdiv(T, BLOCK_T), 2 NK + NV, B):
+    one head of q, k or v (j < NK: q head j; j < 2 NK: k head j - NK; else v head j - 2 NK, which
+    also writes that head's g and beta) for a block of tokens of sequence b. HEADS_FIRST puts the
+    heads of one block of tokens next to each other in launch order, so the programs running at
+    once read whole rows of the projection rather than one head's 2 * DK bytes of many rows.
+
+    The conv's taps read rows t - KW + 1 .. t, each tap's tile at a fixed row offset from one tile
+    of pointers. Rows before the prompt (t' < 0) come from the conv state (its row KW - 1 + t'): only
+    the first block of tokens reaches them (BLOCK_T >= KW - 1), so only it loads the state, and it
+    also writes the new window (:func:`_conv_window_store`) to ``new_state_ptr``."""
+    if HEADS_FIRST:
+        j = tl.program_id(0)
+        tb = tl.program_id(1)
+    else:
+        tb = tl.program_id(0)
+        j = tl.program_id(1)
     b = tl.program_id(2)
     is_v = j >= 2 * NK
     D = tl.where(is_v, DV, DK)
@@ -140,22 +263,25 @@ def _gdn_inputs_kernel(
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     ch = c0 + d
+    m = tmask[:, None] & dmask[None, :]
     row0 = proj_ptr + b.to(tl.int64) * T * P
+    at = row0 + t.to(tl.int64)[:, None] * P + ch[None, :]
+    st0 = state_ptr + b.to(tl.int64) * (KW - 1) * C
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-    for tap in tl.static_range(KW):
-        src = t - (KW - 1) + tap
-        m = tmask[:, None] & dmask[None, :]
-        xp = tl.load(row0 + src[:, None] * P + ch[None, :], mask=m & (src >= 0)[:, None], other=0.0)
-        xs = tl.load(state_ptr + (b * (KW - 1) + (KW - 1) + src)[:, None] * C + ch[None, :],
-                     mask=m & (src < 0)[:, None], other=0.0)
-        x = tl.where((src >= 0)[:, None], xp.to(tl.float32), xs.to(xp.dtype).to(tl.float32))
+    for tap in tl.static_range(KW):  # tap reads KW - 1 - tap rows back from t
+        xp = tl.load(at - (KW - 1 - tap) * P, mask=m & (t >= KW - 1 - tap)[:, None], other=0.0)
+        x = xp.to(tl.float32)
+        if tap < KW - 1:
+            if tb == 0:  # the prompt's first rows: this tap reaches into the conv state (zero-filled elsewhere)
+                xs = tl.load(st0 + (t + tap)[:, None] * C + ch[None, :], mask=m & (t < KW - 1 - tap)[:, None],
+                             other=0.0)
+                x += cast(xs, OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
         w = tl.load(conv_w_ptr + ch * KW + tap, mask=dmask, other=0.0).to(tl.float32)
         acc += x * w[None, :]
     acc = acc / (1.0 + tl.exp(-acc))  # silu
     if j < 2 * NK:
         acc = acc * tl.rsqrt(tl.sum(acc * acc, 1) + 1e-6)[:, None]
     token = b * T + t
-    m = tmask[:, None] & dmask[None, :]
     if j < NK:
         tl.store(q_ptr + (token.to(tl.int64)[:, None] * NK + j) * DK + d[None, :], cast(acc, OUT_DTYPE, EMULATE_RTNE), mask=m)
     elif j < 2 * NK:
@@ -171,6 +297,12 @@ def _gdn_inputs_kernel(
         g = -tl.exp(tl.load(a_log_ptr + h).to(tl.float32)) * soft
         tl.store(g_ptr + token * NV + h, g, mask=tmask)
         tl.store(beta_ptr + token * NV + h, 1.0 / (1.0 + tl.exp(-bb)), mask=tmask)
+    if tb == 0:
+        _conv_window_store(row0, st0, new_state_ptr + b.to(tl.int64) * (KW - 1) * C, ch, dmask, T, P, C, 0,
+                           KW, KW_PAD, False, OUT_DTYPE, STATE_DTYPE, EMULATE_RTNE)
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second and third axes
 
 
 def gdn_inputs(
@@ -180,10 +312,20 @@ def gdn_inputs(
     A_log: torch.Tensor,
     dt_bias: torch.Tensor,
     dims: GdnDims,
+    *,
+    update_state: bool = False,
+    block_t: int = 32,
+    num_warps: int = 4,
+    heads_first: bool = True,
 ) -> tuple[torch.Tensor, ...]:
     """:func:`labkit.ops.mixers.gdn_inputs_ref` in one kernel (module docstring), with q, k, v in
     ``proj``'s dtype: (q, k [B, T, nk, dk], v [B, T, nv, dv], g, beta [B, T, nv] float32, z (a view of
-    proj), the new conv state). ``conv_state`` [B, KW-1, C] (None: zeros) is not modified."""
+    proj), the new conv state). ``conv_state`` [B, KW-1, C] (None: zeros) is not modified, unless
+    ``update_state``: then the kernel writes the new window into it and returns it (what the fused
+    prefill asks, so that the model's copy into the cache is a no-op).
+
+    ``block_t`` (tokens per program, a power of two >= KW - 1), ``num_warps``, ``heads_first`` (the
+    grid's order, see the kernel): launch settings, any of which gives the same bits."""
     check_tensor("proj", proj, dtype=FLOAT_DTYPES, shape=(None, None, dims.proj_dim), aligned=False)
     B, T, P = proj.shape
     C = dims.conv_dim
@@ -198,23 +340,28 @@ def gdn_inputs(
         conv_state = proj.new_zeros(B, KW - 1, C)
     check_tensor("conv_state", conv_state, dtype=FLOAT_DTYPES, shape=(B, KW - 1, C), aligned=False)
     check_devices(proj=proj, conv_state=conv_state, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias)
-    qkv = proj[..., :C]
-    new_conv_state = torch.cat((conv_state.to(proj.dtype), qkv[:, -(KW - 1):]), dim=1)[:, -(KW - 1):].to(conv_state.dtype)
+    block_t = _checked_block_t(block_t, KW)
+    grid_t = cdiv(T, block_t)
+    if max(B, grid_t if heads_first else 2 * nk + nv) > MAX_GRID_Y:
+        raise ValueError(f"{T} tokens in blocks of {block_t} at batch {B} exceed the grid's {MAX_GRID_Y} "
+                         "programs per axis: a larger block_t, or heads_first=False")
+    new_state = conv_state if update_state else torch.empty(conv_state.shape, dtype=conv_state.dtype, device=conv_state.device)
     dt, dev = proj.dtype, proj.device
     q = torch.empty(B, T, nk, dk, dtype=dt, device=dev)
     k = torch.empty(B, T, nk, dk, dtype=dt, device=dev)
     v = torch.empty(B, T, nv, dv, dtype=dt, device=dev)
     g = torch.empty(B, T, nv, dtype=torch.float32, device=dev)
     beta = torch.empty(B, T, nv, dtype=torch.float32, device=dev)
-    block_d = max(16, next_pow2(max(dk, dv)))
-    block_t = max(1, min(32, 4096 // block_d))
-    _gdn_inputs_kernel[(cdiv(T, block_t), 2 * nk + nv, B)](
-        proj, conv_state, conv_weight, A_log, dt_bias, q, k, v, g, beta, T, P, C,
-        NK=nk, NV=nv, DK=dk, DV=dv, KW=KW, BLOCK_T=block_t, BLOCK_D=block_d,
-        OUT_DTYPE=TORCH_TO_TL[dt], **interpreter_flags(dt), num_warps=4,
+    heads = 2 * nk + nv
+    _gdn_inputs_kernel[(heads, grid_t, B) if heads_first else (grid_t, heads, B)](
+        proj, conv_state, new_state, conv_weight, A_log, dt_bias, q, k, v, g, beta, T, P, C,
+        NK=nk, NV=nv, DK=dk, DV=dv, KW=KW, KW_PAD=next_pow2(KW - 1), BLOCK_T=block_t,
+        BLOCK_D=max(16, next_pow2(max(dk, dv))), HEADS_FIRST=bool(heads_first),
+        OUT_DTYPE=TORCH_TO_TL[dt], STATE_DTYPE=TORCH_TO_TL[conv_state.dtype], **interpreter_flags(dt),
+        num_warps=_checked_warps(num_warps),
     )
     z = proj[..., C:C + dims.value_dim].reshape(B, T, nv, dv)
-    return q, k, v, g, beta, z, new_conv_state
+    return q, k, v, g, beta, z, new_state
 
 
 # -- Gated DeltaNet's output norm -------------------------------------------------------------------
@@ -260,38 +407,47 @@ def gated_rms_norm_rows(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, 
 
 # -- LFM2's gated short conv over a prompt ----------------------------------------------------------
 @triton.jit
-def _short_conv_prefill_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, T, H,
-                               KW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                               OUT_DTYPE: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+def _short_conv_prefill_kernel(proj_ptr, state_ptr, new_state_ptr, w_ptr, out_ptr, T, H,
+                               KW: tl.constexpr, KW_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                               OUT_DTYPE: tl.constexpr, STATE_DTYPE: tl.constexpr, DOT_F32: tl.constexpr,
+                               EMULATE_RTNE: tl.constexpr):
     """Grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H), B): y[t, c] = C[t, c] * sum_j w[c, j] (B*x)[t - KW + 1 + j, c],
-    B*x rounded to the dtype; rows before the prompt from the state."""
+    B*x rounded to the dtype; rows before the prompt from the state, which only the first block of
+    tokens reaches (BLOCK_T >= KW - 1): it also writes the new window (:func:`_conv_window_store`)."""
+    tb = tl.program_id(0)
     b = tl.program_id(2)
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     tmask, cmask = t < T, c < H
     m = tmask[:, None] & cmask[None, :]
     row0 = proj_ptr + b.to(tl.int64) * T * 3 * H
+    at = row0 + t.to(tl.int64)[:, None] * 3 * H + c[None, :]
+    st0 = state_ptr + b.to(tl.int64) * (KW - 1) * H
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-    for tap in tl.static_range(KW):
-        src = t - (KW - 1) + tap
-        at = row0 + src.to(tl.int64)[:, None] * 3 * H + c[None, :]
-        live = m & (src >= 0)[:, None]
-        bv = tl.load(at, mask=live, other=0.0)
-        xv = tl.load(at + 2 * H, mask=live, other=0.0)
-        bx = cast(bv.to(tl.float32) * xv.to(tl.float32), OUT_DTYPE, EMULATE_RTNE)
-        st = tl.load(state_ptr + (b * (KW - 1) + (KW - 1) + src)[:, None] * H + c[None, :],
-                     mask=m & (src < 0)[:, None], other=0.0)
-        u = tl.where((src >= 0)[:, None], bx.to(tl.float32), cast(st, OUT_DTYPE, EMULATE_RTNE).to(tl.float32))
+    for tap in tl.static_range(KW):  # tap reads KW - 1 - tap rows back from t
+        live = m & (t >= KW - 1 - tap)[:, None]
+        bv = tl.load(at - (KW - 1 - tap) * 3 * H, mask=live, other=0.0)
+        xv = tl.load(at - (KW - 1 - tap) * 3 * H + 2 * H, mask=live, other=0.0)
+        u = cast(bv.to(tl.float32) * xv.to(tl.float32), OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
+        if tap < KW - 1:
+            if tb == 0:  # the prompt's first rows: this tap reaches into the conv state (zero-filled elsewhere)
+                st = tl.load(st0 + (t + tap)[:, None] * H + c[None, :], mask=m & (t < KW - 1 - tap)[:, None],
+                             other=0.0)
+                u += cast(st, OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
         acc += u * tl.load(w_ptr + c * KW + tap, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    cv = tl.load(row0 + t.to(tl.int64)[:, None] * 3 * H + H + c[None, :], mask=m, other=0.0).to(tl.float32)
+    cv = tl.load(at + H, mask=m, other=0.0).to(tl.float32)
     tl.store(out_ptr + (b * T + t).to(tl.int64)[:, None] * H + c[None, :], cast(cv * acc, OUT_DTYPE, EMULATE_RTNE), mask=m)
+    if tb == 0:
+        _conv_window_store(row0, st0, new_state_ptr + b.to(tl.int64) * (KW - 1) * H, c, cmask, T, 3 * H, H, 2 * H,
+                           KW, KW_PAD, True, OUT_DTYPE, STATE_DTYPE, EMULATE_RTNE)
 
 
 def short_conv_prefill(
-    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor
+    proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, *, update_state: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`labkit.ops.mixers.short_conv_ref` in one kernel: (y [B, T, H] in proj's dtype, new state
-    [B, K-1, H]). ``proj`` [B, T, 3H] contiguous; ``state`` (None: zeros) is not modified."""
+    [B, K-1, H]). ``proj`` [B, T, 3H] contiguous; ``state`` (None: zeros) is not modified, unless
+    ``update_state``: then the kernel writes the new window into it and returns it."""
     check_tensor("proj", proj, dtype=FLOAT_DTYPES, shape=(None, None, None), aligned=False)
     B, T, H3 = proj.shape
     if H3 % 3:
@@ -305,15 +461,14 @@ def short_conv_prefill(
         state = proj.new_zeros(B, KW - 1, H)
     check_tensor("state", state, dtype=FLOAT_DTYPES, shape=(B, KW - 1, H), aligned=False)
     check_devices(proj=proj, state=state, weight=weight)
-    tail = proj[:, -(KW - 1):]
-    bx_tail = tail[..., :H] * tail[..., 2 * H:]
-    new_state = torch.cat((state.to(proj.dtype), bx_tail), dim=1)[:, -(KW - 1):].to(state.dtype)
+    new_state = state if update_state else torch.empty(state.shape, dtype=state.dtype, device=state.device)
     out = torch.empty(B, T, H, dtype=proj.dtype, device=proj.device)
     block_h = min(256, next_pow2(H))
-    block_t = max(1, min(32, 4096 // block_h))
+    block_t = max(next_pow2(KW - 1), min(32, 4096 // block_h))  # >= KW - 1: only the first block reads the state
     _short_conv_prefill_kernel[(cdiv(T, block_t), cdiv(H, block_h), B)](
-        proj, state, weight, out, T, H, KW=KW, BLOCK_T=block_t, BLOCK_H=block_h,
-        OUT_DTYPE=TORCH_TO_TL[proj.dtype], **interpreter_flags(proj.dtype), num_warps=8,
+        proj, state, new_state, weight, out, T, H, KW=KW, KW_PAD=next_pow2(KW - 1), BLOCK_T=block_t, BLOCK_H=block_h,
+        OUT_DTYPE=TORCH_TO_TL[proj.dtype], STATE_DTYPE=TORCH_TO_TL[state.dtype], **interpreter_flags(proj.dtype),
+        num_warps=8,
     )
     return out, new_state
 

@@ -21,6 +21,8 @@ Kernels and settings (names are the parameters of the function that takes them):
   (:func:`labkit.ops.gated_delta_decode.gdn_block_v`: ``block_v`` value columns per program where
   that still gives ``programs_per_sm`` programs per SM, else ``narrow_block_v``) and ``release_early``;
 - ``norm_rope``: ``rotated_only``, ``num_warps`` (:func:`labkit.ops.prefill_fusions.norm_rope_rows`);
+- ``gdn_inputs``: ``block_t``, ``num_warps``, ``heads_first`` (:func:`labkit.ops.prefill_fusions.gdn_inputs`:
+  tokens per program, warps, heads next to each other in the grid's launch order);
 - ``fused_prefill``: ``capture_at`` (a prompt length's prefill is captured in a CUDA graph when it
   comes this many times) and ``graphs`` (lengths kept) of the fused+graph decoder;
 - ``chunk_delta_rule``: the launch settings of :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`
@@ -76,6 +78,9 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     "gated_delta_decode": {"block_v": (32, _pow2), "narrow_block_v": (16, _pow2), "programs_per_sm": (2, _positive),
                            "release_early": (True, _boolean)},
     "norm_rope": {"rotated_only": (True, _boolean), "num_warps": (4, _pow2)},
+    # tokens per program and warps as the kernel had them; heads first: not yet measured against
+    # the order it had (python -m labkit.bench.prefill_profile --sweep-gdn-inputs times them all)
+    "gdn_inputs": {"block_t": (32, _pow2), "num_warps": (4, _pow2), "heads_first": (True, _boolean)},
     "fused_prefill": {"capture_at": (2, _positive), "graphs": (4, _positive)},
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
