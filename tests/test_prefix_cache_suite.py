@@ -97,12 +97,17 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def _shipped(name: str):
+    """A shipped checkpoint in float32 on the CPU; skipped, saying why, where it is absent."""
+    path = labkit.shipped.checkpoints_dir() / name
+    if not (path / "config.json").exists():
+        pytest.skip(f"{name} is not in {path.parent} (make it with python -m labkit.train)")
+    return labkit.load(path, dtype=torch.float32)
+
+
 @pytest.fixture(scope="module", params=sorted(labkit.CHECKPOINTS))
 def model(request):
-    path = labkit.shipped.checkpoints_dir() / request.param
-    if not (path / "config.json").exists():
-        pytest.skip(f"{request.param} is not in {path.parent} (make it with python -m labkit.train)")
-    return labkit.load(path, dtype=torch.float32)
+    return _shipped(request.param)
 
 
 @pytest.fixture(params=["reference", "reference+graph"])
@@ -292,7 +297,9 @@ def test_eviction_under_a_budget_of_a_few_snapshots_stays_exact(model, backend, 
     size = labkit.PrefixCache(model, BS, budget_bytes=math.inf).snapshot_bytes
     prefix = _prefix(model, budget=3 * size + size // 2, policy=policy, admission=admission)
     stem = _text(0, 2 * BS)
-    prompts = [_join(stem, _text(i, BS + 1)[:, 1:]) if i % 2 else _text(i, 3 * BS + 1) for i in (1, 3, 2, 1, 4, 3, 2, 5)]
+    # odd texts: the stem and one block of their own (3 blocks); even ones: 3 blocks and a token, unrelated
+    prompts = [_join(stem, _text(i, BS + 1)[:, 1:]) if i % 2 else _text(i, 3 * BS + 1)
+               for i in (1, 3, 2, 1, 4, 3, 2, 5)]
     hits = run_under_budget(prefix, prompts, lambda ids, hit: _check(model, prefix, ids, hit, backend=backend)[0])
     if admission == "every":  # a prompt's chain fits the budget: the stem's blocks are restored
         assert max(hits) >= 2 * BS, hits
@@ -344,7 +351,7 @@ def test_weights_changed_after_snapshots_are_refused(model, edit):
 def test_weights_changed_are_refused_through_the_fused_decoders_key():
     """generate hands the fused rung's weights key to the prefix cache; an edit torch does not count
     (through ``.data``) must still be seen there. LFM2 only: its fused decoder is cheap to make."""
-    model = labkit.load(labkit.checkpoint_path("byte-lfm2-6m"), dtype=torch.float32)
+    model = _shipped("byte-lfm2-6m")
     prefix = _prefix(model)
     ids = _text(3, 2 * BS + 3)
     _check(model, prefix, ids, 0)  # stored by the reference rung: snapshots belong to the weights
@@ -390,7 +397,7 @@ def test_stop_tokens_stop_generation_at_the_same_place(model, backend):
 def test_fused_hits_after_a_boundary_are_exact_on_lfm2():
     """The fused rung's own prefill (the cores it lends, its continuation of a short tail) at the two
     kinds of tail: one token past the boundary, and a whole block."""
-    model = labkit.load(labkit.checkpoint_path("byte-lfm2-6m"), dtype=torch.float32)
+    model = _shipped("byte-lfm2-6m")
     prefix = _prefix(model)
     stem = _text(1, 3 * BS + 1)
     _check(model, prefix, stem, 0, backend="fused", new=1)
