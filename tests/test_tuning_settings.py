@@ -49,13 +49,17 @@ def test_the_h200_file_holds_every_setting_the_code_held(gpu_named):
 
     tuned = {k: held.pop(k) for k in SECTIONS if k in held and k != "linear"}  # ("linear": its blockings, not these)
     assert set(tuned) == {"gated_delta_decode", "attention_decode", "chunk_delta_rule", "persistent_decode"}
+    # gdn_inputs: the winner of bench prefill-profile's sweep (the tuner does not sweep it), every setting named
+    swept = {"gdn_inputs": held.pop("gdn_inputs")}
+    assert set(swept["gdn_inputs"]) == set(tuning.HEURISTICS["gdn_inputs"])
+    assert doc["settings"]["gdn_inputs"]["results"] == "data/bench/nvidia-h200/prefill-profile.json"
     assert held == {k: v for k, v in BEFORE.items() if k not in tuned}  # every kernel, every setting: no gaps
     for kernel, values in tuned.items():
         assert set(values) == set(tuning.HEURISTICS[kernel])
         assert doc["settings"][kernel]["candidates"]  # what the tuner tried, beside the winner
     assert all(v.get("source") and v.get("measured") for v in doc["settings"].values())  # with provenance
     gpu_named("NVIDIA H200")
-    for kernel, values in {**held, **tuned}.items():
+    for kernel, values in {**held, **tuned, **swept}.items():
         assert dict(tuning.settings(kernel, "cuda:0")) == values
     assert tuning.pdl_placement("cuda:0") == linear_mod.PdlPlacement(preload=True, release="early")
 

@@ -345,6 +345,8 @@ UNTUNED = {
               "(data/bench/<gpu>/chain.json); the full run tunes the linear section's blockings instead",
     "norm_rope": "a prefill kernel of a few microseconds per layer; its form (rotated_only) was chosen by measurement",
     "fused_prefill": "when to capture a prefill graph (a policy over prompt lengths, not a kernel's speed)",
+    "gdn_inputs": "swept by python -m labkit bench prefill-profile --sweep-gdn-inputs (each setting timed alone at a "
+                  "4,096-token prefill, checked for the same bits); write its winner into the GPU's file by hand",
 }
 
 
