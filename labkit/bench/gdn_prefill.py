@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..lab.hw import device_facts
         from .results import write_results
 
-        command = shlex.join(["python", "-m", "labkit.bench.gdn_prefill", *(argv if argv is not None else sys.argv[1:])])
+        command = shlex.join(["python", "-m", "labkit", "bench", "gdn-prefill", *(argv if argv is not None else sys.argv[1:])])
         print(write_results(args.name, "gdn-prefill", rows, device_facts("cuda"), command=command))
     return 0
 

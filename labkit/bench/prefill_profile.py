@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             "note": "wall: CUDA events around decoder.prefill (host work included), median of the repeats; the "
                     "kernel table: one profiled call (for a graph backend, one replay: memsets and copies are "
                     "graph nodes); busy: the union of the kernels' intervals",
-        }, facts, command=shlex.join(["python", "-m", "labkit.bench.prefill_profile", *argv]), data_dir=args.data_dir)
+        }, facts, command=shlex.join(["python", "-m", "labkit", "bench", "prefill-profile", *argv]), data_dir=args.data_dir)
         del model, check
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
