@@ -338,14 +338,12 @@ def time_layouts(rows: int = 8192, cols: int = 8192, warmup: int = 3, repeats: i
 # -- under ncu --------------------------------------------------------------------------------------
 def bank_metrics():
     """The counters :func:`profile_layouts` reads (labkit.lab.counters.Metric)."""
-    from .counters import Metric
+    from .counters import DECODE_METRICS, Metric
 
+    # the time and the conflict counters as the decode step's runner names them
+    shared = {m.key: m for m in DECODE_METRICS}
     return (
-        Metric("time", ("gpu__time_duration.sum",), "GPU time of the launch"),
-        Metric("bank_conflicts_ld", ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",),
-               "shared-load wavefronts beyond the fewest needed"),
-        Metric("bank_conflicts_st", ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",),
-               "shared-store wavefronts beyond the fewest needed"),
+        *(shared[key] for key in ("time", "bank_conflicts_ld", "bank_conflicts_st")),
         Metric("wavefronts_ld", ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",), "shared-load wavefronts"),
         Metric("wavefronts_st", ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",), "shared-store wavefronts"),
         Metric("requests_ld", ("smsp__sass_inst_executed_op_shared_ld.sum", "sass__inst_executed_shared_loads"),
