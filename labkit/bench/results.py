@@ -155,6 +155,44 @@ def prefill_docs(docs: list[dict]) -> list[dict]:
     return [newest[k] for k in sorted(newest)]
 
 
+# rungs whose kernels read no tuning file: their figures do not depend on one
+TUNING_FREE = ("transformers", "transformers+fla", "transformers+compile", "reference", "reference+graph")
+
+
+def _tuning_of(slug: str, row: dict) -> str:
+    """What kernel settings a row ran with: none to speak of for :data:`TUNING_FREE` rungs; the
+    row's ``tuning`` where it records one; else labkit's default, the GPU's tuning file (rows
+    written before the field existed ran with whatever file the GPU had)."""
+    if row["impl"] in TUNING_FREE:
+        return "n/a"
+    return row.get("tuning") or f"data/tuning/{slug}.json"
+
+
+def figure_key(doc: dict, row: dict) -> tuple:
+    """What one figure is of: (gpu, kind, model, implementation, kernel settings, batch, prompt
+    and steps for decode / prompt tokens for prefill). Two files with a row of the same key
+    measure the same thing."""
+    slug = _slug(doc)
+    if doc.get("kind") == "decode":
+        return (slug, "decode", row["model"], row["impl"], _tuning_of(slug, row), row["batch"], row.get("prompt"),
+                row.get("new_tokens"))
+    return (slug, "prefill", row["model"], row["impl"], _tuning_of(slug, row), row.get("batch", 1), row["tokens"])
+
+
+def clashes(docs: list[dict]) -> dict[tuple, list[tuple[str, float]]]:
+    """Every :func:`figure_key` that two or more files give different tokens/s for: key -> [(file,
+    tokens/s)], files sorted. (Failed and absent rows hold no figure.)"""
+    seen: dict[tuple, dict[str, float]] = {}
+    for d in docs:
+        if d.get("kind") not in ("decode", "prefill"):
+            continue
+        for r in d.get("results") or []:
+            if r.get("error") or r.get("absent") or r.get("tokens_per_s") is None:
+                continue
+            seen.setdefault(figure_key(d, r), {}).setdefault(d["path"], r["tokens_per_s"])
+    return {k: sorted(v.items()) for k, v in seen.items() if len(v) > 1 and len(set(v.values())) > 1}
+
+
 NOT_MEASURED = ("Decode ladder: not measured yet on any GPU. `python -m labkit bench ladder` measures every "
                 "rung of both models at batch 1 and 16 and writes `data/bench/<gpu>/ladder.json`; then "
                 "`python -m labkit bench table --readme README.md` rewrites this table.")
