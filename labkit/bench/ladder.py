@@ -128,6 +128,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rungs", nargs="+", default=list(RUNGS), choices=RUNGS, metavar="RUNG",
                    help=f"default: every rung ({', '.join(RUNGS)})")
     p.add_argument("--batch", nargs="+", type=positive_int, default=[1, 16])
+    # the batch curve of the best rung (notebook 06) is part of the same run, so that its batch 1
+    # and 16 are the ladder's own rows and no second file times them again
+    p.add_argument("--tuned-batch", nargs="*", type=positive_int, default=[2, 4, 8, 32, 64, 128, 256],
+                   help="more batches for the tuned rung only (default: 2 4 8 32 64 128 256 on a GPU; none on a CPU)")
     p.add_argument("--prompt", type=positive_int, default=128)
     p.add_argument("--new-tokens", type=positive_int, default=64)
     p.add_argument("--repeats", type=positive_int, default=3)
@@ -143,13 +147,17 @@ def main(argv: list[str]) -> int:
     command = shlex.join(["python", "-m", "labkit", "bench", "ladder", *argv])
     rows: list[LadderResult] = []
     t0 = time.perf_counter()
-    for model in _models(models, device, torch.bfloat16):
-        for b in args.batch:
-            for rung in [r for r in RUNGS if r in args.rungs]:
-                rows.append(measure_rung(model, rung, b, args.prompt, args.new_tokens, args.repeats, facts))
-                _print(rows[-1])
-                # rewritten as it grows: a run stopped by a time limit keeps what it measured
-                path = write_results(args.name, "decode", rows, facts, command=command, data_dir=args.data_dir)
+    tuned_batches = args.tuned_batch if device.startswith("cuda") and "tuned" in args.rungs else []
+    built = list(_models(models, device, torch.bfloat16))
+    # the ladder itself first, the tuned rung's batch curve after it: a run cut short by a time
+    # limit keeps the whole ladder
+    plan = [(model, b, rung) for model in built for b in args.batch for rung in RUNGS if rung in args.rungs]
+    plan += [(model, b, "tuned") for model in built for b in sorted(set(tuned_batches) - set(args.batch))]
+    for model, b, rung in plan:
+        rows.append(measure_rung(model, rung, b, args.prompt, args.new_tokens, args.repeats, facts))
+        _print(rows[-1])
+        # rewritten as it grows: a run stopped by a time limit keeps what it measured
+        path = write_results(args.name, "decode", rows, facts, command=command, data_dir=args.data_dir)
     print(f"{time.perf_counter() - t0:.0f} s; wrote {path}")
     failed = [r for r in rows if r.error]
     if failed:
