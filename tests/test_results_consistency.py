@@ -93,7 +93,9 @@ def test_the_ladder_holds_every_rung_of_both_models_at_batch_1_and_16():
     rows = ladder.rows(H200)
     keys = [(r["model"], r["rung"], r["batch"]) for r in rows]
     want = {(m, rung, b) for m in ("lfm2-350m", "qwen3.5-0.8b") for rung in ladder.RUNGS for b in (1, 16)}
-    assert len(keys) == len(set(keys)) and set(keys) == want
+    assert len(keys) == len(set(keys)) and want <= set(keys)
+    # beyond batch 1 and 16, only the tuned rung's batch curve (bench ladder --tuned-batch)
+    assert {rung for _, rung, b in set(keys) - want} <= {"tuned"}
     assert {(r["prompt"], r["new_tokens"]) for r in rows} == {(128, 64)}
     for r in rows:
         assert (r["tokens_per_s"] or 0) > 0 or r.get("absent"), f"{r['model']} {r['rung']} B={r['batch']}: {r.get('error')}"
