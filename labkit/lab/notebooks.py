@@ -164,16 +164,24 @@ def normalise_metadata(nb: dict) -> bool:
 def strip_notebook(path: str | Path) -> list[str]:
     """What ``python -m labkit strip-notebooks`` does to one notebook before it is committed: drop
     papermill's injected-parameters cell (:func:`drop_injected_parameters`) and normalise the
-    metadata to what JupyterLab writes (:func:`normalise_metadata`). Returns what changed."""
+    metadata to what JupyterLab writes (:func:`normalise_metadata`), in the layout it saves
+    (:func:`lab_layout`). Returns what changed."""
     path = Path(path)
     done = ["removed the injected-parameters cell"] if drop_injected_parameters(path) else []
     text = path.read_text(encoding="utf-8")
     nb = json.loads(text)
     if normalise_metadata(nb):
-        ending = text[len(text.rstrip("\n")):]
-        path.write_text(_nbformat_json(nb) + ending, encoding="utf-8")
         done.append("normalised kernelspec and language_info")
+    if lab_layout(nb) != text:
+        path.write_text(lab_layout(nb), encoding="utf-8")
+        done.append("wrote it as JupyterLab saves it")
     return done
+
+
+def lab_layout(nb: dict) -> str:
+    """The bytes JupyterLab's server writes for ``nb`` when it saves it: nbformat's layout and one
+    final newline."""
+    return _nbformat_json(nb) + "\n"
 
 
 def colab_url(notebook: str) -> str:
