@@ -1,5 +1,7 @@
 """The workbook in a real browser: JupyterLab serves notebook 00, headless Chromium runs it on the CPU,
-and the roofline widget redraws when its batch slider moves.
+and the roofline widget redraws when its batch slider moves; and a committed notebook opened, saved
+without running and closed is left byte-identical (its fast twin, without a browser, checks every
+notebook's metadata).
 
 JupyterLab listens on 127.0.0.1 only, on a free port, behind a random token, over a copy of the
 notebook (the committed file is never touched), with its settings, workspaces and kernels' IPython
