@@ -56,3 +56,15 @@ def test_candidates_table_marks_the_winner_and_sorts_by_score():
     assert lines[2].endswith(f"| {math.sqrt(0.5):.3f} |")
     with pytest.raises(ValueError):
         tw.candidates_table({"values": {}, "candidates": [{"values": {}, "error": "x"}]}, geomean_ratio)
+
+
+def test_projection_growth_uses_what_the_step_runs():
+    key = {"m_bucket": 1, "n": 333, "k": 77, "row_blocks": 1, "argmax": False}
+    tf = {"linear": [{"key": key, "us": {"tuned": 2.0}},
+                     {"key": dict(key, m_bucket=16), "us": {"tuned": 9.0, "torch": 5.0}, "impl": "torch"},
+                     {"key": dict(key, n=5), "us": {"tuned": 1.0}},
+                     {"key": dict(key, n=5, m_bucket=16), "us": {"tuned": 1.5}}]}
+    groups = [{"key": key, "kernels": 3}, {"key": dict(key, n=5), "kernels": 2}]
+    assert tw.projection_growth_us(tf, groups, 16) == pytest.approx(3 * (5.0 - 2.0) + 2 * 0.5)
+    with pytest.raises(KeyError, match="labkit tune"):
+        tw.projection_growth_us(tf, groups, 64)

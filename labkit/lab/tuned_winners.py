@@ -79,3 +79,16 @@ def candidates_table(entry: dict[str, Any], geomean_ratio, limit: int = 12) -> t
         rows.append(f"| {mark}{', '.join(f'{k}={v}' for k, v in c['values'].items())}{mark} | "
                     + " | ".join(f"{c['us'][k]:.1f}" for k in base) + f" | {score[id(c)]:.3f} |")
     return "\n".join(rows), len(entry["candidates"])
+
+
+def projection_growth_us(tuning_file: dict[str, Any], groups: list[dict[str, Any]], bucket: int) -> float:
+    """Extra µs per step when a batch-1 step's projections run at batch bucket ``bucket``: for each
+    group of a batch-1 chain (``chain.json``: key and kernels per step), the tuning file's time of
+    what the step runs at that bucket (the fused kernel, or cuBLAS where it won) minus its batch-1 time."""
+    def runs_us(key):
+        e = next((e for e in tuning_file["linear"] if e["key"] == key), None)
+        if e is None:
+            raise KeyError(f"the tuning file has no entry for {key}: run `python -m labkit tune`")
+        return e["us"]["torch"] if e.get("impl") == "torch" else e["us"]["tuned"]
+
+    return sum(g["kernels"] * (runs_us(dict(g["key"], m_bucket=bucket)) - runs_us(g["key"])) for g in groups)
