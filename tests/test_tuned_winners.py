@@ -68,3 +68,14 @@ def test_projection_growth_uses_what_the_step_runs():
     assert tw.projection_growth_us(tf, groups, 16) == pytest.approx(3 * (5.0 - 2.0) + 2 * 0.5)
     with pytest.raises(KeyError, match="labkit tune"):
         tw.projection_growth_us(tf, groups, 64)
+
+
+def test_heuristic_speedup_is_a_geometric_mean():
+    key = {"m_bucket": 16, "n": 3, "k": 5, "row_blocks": 1, "argmax": False}
+    tf = {"linear": [{"key": key, "us": {"heuristic": 4.0, "tuned": 1.0}},
+                     {"key": key, "us": {"heuristic": 1.0, "tuned": 1.0}},
+                     {"key": dict(key, m_bucket=1), "us": {"heuristic": 9.0, "tuned": 1.0}},
+                     {"key": key, "us": {"tuned": 1.0}}]}
+    assert tw.heuristic_speedup(tf, 16) == pytest.approx(2.0)
+    with pytest.raises(KeyError):
+        tw.heuristic_speedup(tf, 64)

@@ -92,3 +92,13 @@ def projection_growth_us(tuning_file: dict[str, Any], groups: list[dict[str, Any
         return e["us"]["torch"] if e.get("impl") == "torch" else e["us"]["tuned"]
 
     return sum(g["kernels"] * (runs_us(dict(g["key"], m_bucket=bucket)) - runs_us(g["key"])) for g in groups)
+
+
+def heuristic_speedup(tuning_file: dict[str, Any], bucket: int) -> float:
+    """Geometric mean over a batch bucket's projections of heuristic time / tuned time, as the
+    tuning file records them: the most the linear tuning can buy a step at that batch."""
+    pairs = [(e["us"]["heuristic"], e["us"]["tuned"]) for e in tuning_file["linear"]
+             if e["key"]["m_bucket"] == bucket and "heuristic" in e["us"]]
+    if not pairs:
+        raise KeyError(f"the tuning file has no projection with a heuristic time at batch bucket {bucket}")
+    return math.exp(sum(math.log(h / t) for h, t in pairs) / len(pairs))
