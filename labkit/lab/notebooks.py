@@ -284,10 +284,11 @@ REFERENCE_GPU = "nvidia-h200"  # the GPU whose committed results a notebook teac
 
 def committed_results(name: str, gpu: str = REFERENCE_GPU) -> dict:
     """A committed results file, ``data/bench/<gpu>/<name>.json`` (GPU, versions, date, command and
-    rows), for a notebook to read its numbers from instead of typing them."""
-    from ..bench.results import results_dir
+    rows), for a notebook to read its numbers from instead of typing them. ``name`` is a plain file
+    name: superseded files under ``data/bench/<gpu>/archive/`` are never read."""
+    from ..bench.results import check_name, results_dir
 
-    path = results_dir() / gpu / f"{name}.json"
+    path = results_dir() / check_name(gpu) / f"{check_name(name)}.json"
     if not path.exists():
         have = sorted(p.stem for p in path.parent.glob("*.json"))
         raise FileNotFoundError(f"no committed results {path}; {gpu} has: {', '.join(have) or 'none'}")
