@@ -1,0 +1,50 @@
+"""Time against bytes for a weight stream: the fit t = t0 + B / BW_fit per implementation, where it
+reaches half a bandwidth, and the check of a fitted rate above the copy bandwidth.
+
+The copy bandwidth (``hw.json``) counts the bytes a copy kernel reads and writes; a GEMV only reads.
+A rate above it is therefore possible without any cache hit, and the check says which it is from
+numbers alone: the largest projection's own rate (bytes / its whole time, fixed part included: a
+lower bound on its stream rate) set beside its size against the L2.
+"""
+
+from __future__ import annotations
+
+from ..bench.chain import KernelFit, fit_per_kernel
+
+
+def fit_rows(rows) -> KernelFit:
+    """The least-squares fit of ``us`` on ``weight_bytes`` over tma-gemv style rows."""
+    return fit_per_kernel([r["weight_bytes"] for r in rows], [r["us"] for r in rows])
+
+
+def half_bandwidth_bytes(fit: KernelFit, bytes_per_s: float) -> float:
+    """The size B at which B / (t0 + B / BW_fit) = bytes_per_s / 2; inf when the fit streams too slowly
+    to ever reach it."""
+    denom = 2 / bytes_per_s - 1 / fit.bytes_per_s
+    return float("inf") if denom <= 0 else fit.t0_us * 1e-6 / denom
+
+
+def fits_table(fits: dict, bytes_per_s: float) -> str:
+    """Markdown: one row per (implementation, batch) fit."""
+    rows = ["| batch | implementation | intercept t0 (µs) | streaming rate (TB/s) | r² | half the copy bandwidth at |",
+            "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    for (impl, b), f in fits.items():
+        rows.append(f"| {b} | {impl} | {f.t0_us:.2f} | {f.bytes_per_s / 1e12:.2f} | {f.r2:.3f} | "
+                    f"{half_bandwidth_bytes(f, bytes_per_s) / 1e6:,.1f} MB |")
+    return "\n".join(rows)
+
+
+def above_copy_check(rows, copy_bytes_per_s: float, l2_bytes: float) -> dict:
+    """For rows of one implementation and batch: the largest shape's own rate (``own_bytes_per_s``,
+    fixed cost included), how many times the L2 it is (``l2_multiple``), the most of it a warm L2
+    could serve (``l2_share_max``), the slope between the two largest shapes (``top_slope_bytes_per_s``),
+    and whether its own rate is above the copy bandwidth (``own_above_copy``)."""
+    ok = sorted((r for r in rows if not r["error"]), key=lambda r: r["weight_bytes"])
+    if len(ok) < 2:
+        raise ValueError("the check needs at least two shapes")
+    a, b = ok[-2], ok[-1]
+    own = b["weight_bytes"] / (b["us"] * 1e-6)
+    slope = (b["weight_bytes"] - a["weight_bytes"]) / ((b["us"] - a["us"]) * 1e-6)
+    return {"largest": b, "own_bytes_per_s": own, "l2_multiple": b["weight_bytes"] / l2_bytes,
+            "l2_share_max": min(1.0, l2_bytes / b["weight_bytes"]), "top_slope_bytes_per_s": slope,
+            "own_above_copy": own > copy_bytes_per_s, "copy_bytes_per_s": copy_bytes_per_s}

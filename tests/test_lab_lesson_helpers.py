@@ -1,0 +1,88 @@
+"""The lab helpers notebooks 04 and 05 call: source excerpts, results-file tables, Little's law, the
+stream fits and the persistent step's cost model, each against a hand-worked case."""
+
+import math
+
+import numpy as np
+import pytest
+
+from labkit.lab import little_law, source_excerpt, stream_fits
+from labkit.lab.lesson_files import files_table, load
+
+SRC = "int a;\n\n// start here\nint b = 1;\nint c = 2;\n// end\nint d;\n"
+
+
+def test_excerpt_between_markers_and_to_a_blank_line():
+    assert source_excerpt.excerpt(SRC, "start here", "// end") == "// start here\nint b = 1;\nint c = 2;"
+    assert source_excerpt.excerpt(SRC, "int b", "// end", include_end=True) == "int b = 1;\nint c = 2;\n// end"
+    assert source_excerpt.excerpt(SRC, "int b") == "int b = 1;\nint c = 2;\n// end\nint d;"
+    with pytest.raises(ValueError, match="start marker"):
+        source_excerpt.excerpt(SRC, "not there")
+    with pytest.raises(ValueError, match="end marker"):
+        source_excerpt.excerpt(SRC, "int b", "int a")
+    assert source_excerpt.fenced("x = 1", "cpp", "note").splitlines() == ["note", "", "```cpp", "x = 1", "```"]
+
+
+def test_files_table_lists_provenance_and_a_missing_file_is_an_error():
+    docs = load(["hw"])
+    table = files_table(docs)
+    assert "`hw.json`" in table and docs["hw"]["date"][:16] in table
+    with pytest.raises(FileNotFoundError, match="no committed results"):
+        load(["no-such-file"])
+
+
+def test_littles_law_and_blocks():
+    assert little_law.bytes_in_flight(1000, 4e12) == pytest.approx(4e6)
+    with pytest.raises(ValueError):
+        little_law.bytes_in_flight(0, 4e12)
+    assert little_law.blocks_to_cover(33_000, 2, 8192) == 3
+    assert little_law.blocks_to_cover(100, 2, 8192) == 1
+    rows = [{"pattern": "stride", "style": "pointer", "nbytes": n, "ns_per_load": v, "error": None}
+            for n, v in ((1 << 20, 300.0), (1 << 28, 350.0))]
+    assert little_law.latency_ns(rows, "stride", "pointer") == 350.0
+    assert little_law.latency_ns(rows, "stride", "pointer", 1 << 20) == 300.0
+    with pytest.raises(KeyError, match="no latency row"):
+        little_law.latency_ns(rows, "random", "pointer")
+
+
+def _row(nbytes, us):
+    return {"weight_bytes": nbytes, "us": us, "error": None}
+
+
+def test_stream_fit_half_bandwidth_and_the_above_copy_check():
+    rows = [_row(b, 2.0 + b / 4e12 * 1e6) for b in (1e6, 1e7, 1e8, 5e8)]  # 2 us + B / 4 TB/s exactly
+    f = stream_fits.fit_rows(rows)
+    assert f.t0_us == pytest.approx(2.0) and f.bytes_per_s == pytest.approx(4e12)
+    # B / (2 us + B / 4 TB/s) = 1.5 TB/s  =>  B = 2e-6 / (2 / 3e12 - 1 / 4e12)
+    assert stream_fits.half_bandwidth_bytes(f, 3e12) == pytest.approx(2e-6 / (2 / 3e12 - 1 / 4e12))
+    assert math.isinf(stream_fits.half_bandwidth_bytes(f, 9e12))
+    chk = stream_fits.above_copy_check(rows, 3.5e12, 60 * 2**20)
+    assert chk["own_bytes_per_s"] == pytest.approx(5e8 / (127e-6)) and chk["own_above_copy"]
+    assert chk["top_slope_bytes_per_s"] == pytest.approx(4e12)
+    assert chk["l2_share_max"] == pytest.approx(60 * 2**20 / 5e8)
+    assert not stream_fits.above_copy_check(rows, 4.5e12, 60 * 2**20)["own_above_copy"]
+    assert "| 1 | x |" in stream_fits.fits_table({("x", 1): f}, 3e12)
+
+
+def test_instruction_costs_deal_fit_and_step():
+    from labkit.lab import instruction_costs as ic
+
+    rows = [{"instruction": "a", "op": "gate_up", "tiles": 5}, {"instruction": "b.down", "op": "residual", "tiles": 2},
+            {"instruction": "c", "op": "attention", "tiles": 1}]
+    deal = ic.tiles_per_program(rows, 4)
+    # a: tiles 0..4 on programs 0,1,2,3,0; b starts at (5 mod 4) = 1: programs 1, 2; c on program 3
+    assert deal.tolist() == [[2, 1, 1, 1], [0, 1, 1, 0], [0, 0, 0, 1]]
+    with pytest.raises(ValueError):
+        ic.tiles_per_program(rows, 0)
+    a, b, c = 2.0, 1.0, 1.5
+    pts = [{"rounds": r, "t_bytes": t, "added": ic.predict(a, b, c, r, t), "linear": True}
+           for r, t in ((1, 1.0), (2, 1.0), (1, 4.0), (3, 2.0))]
+    fa, fb, fc, r2 = ic.fit_costs(pts)
+    assert (fa, fb, fc) == pytest.approx((a, b, c)) and r2 == pytest.approx(1.0)
+    pts.append({"rounds": 1, "t_bytes": 0.0, "added": 7.0, "linear": False})
+    assert ic.revised_step_us(pts, a, b, c) == pytest.approx(sum(p["added"] for p in pts))
+    timed = [dict(r, last_end_us=e, roofline_us=0.5) for r, e in zip(rows, (3.0, 5.0, 9.0))]
+    acc = ic.added_per_kind(timed, deal)
+    assert acc["gate_up + SwiGLU"]["added"] == 3.0 and acc["down + residual"]["added"] == 2.0
+    assert acc["attention"]["added"] == 4.0 and acc["gate_up + SwiGLU"]["rounds"] == 2
+    assert [p["linear"] for p in ic.instruction_points(timed, deal)] == [True, True, False]
