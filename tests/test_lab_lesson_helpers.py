@@ -86,3 +86,39 @@ def test_instruction_costs_deal_fit_and_step():
     assert acc["gate_up + SwiGLU"]["added"] == 3.0 and acc["down + residual"]["added"] == 2.0
     assert acc["attention"]["added"] == 4.0 and acc["gate_up + SwiGLU"]["rounds"] == 2
     assert [p["linear"] for p in ic.instruction_points(timed, deal)] == [True, True, False]
+
+
+def test_answer_check_says_not_yet_and_correct():
+    from labkit.lab.answer_check import check_number
+
+    assert "not yet (set it" in check_number("1", None, 10.0)
+    assert check_number("1", 10.5, 10.0, "KiB").startswith("1: correct: 10.0 KiB")
+    assert "not yet: 13" in check_number("1", 13, 10.0)
+    with pytest.raises(ValueError):
+        check_number("1", 1.0, 0.0)
+
+
+def test_chain_rows_and_bars_draw():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.lab.chain_bars import PLAIN, chain_label, chain_rows, plot_chain
+    from labkit.lab.rung_bars import rung_bars
+
+    ch = [{"model": "m", "batch": 1, "gemv": "plain", "pdl": True, "placement": None, "ms": 0.3},
+          {"model": "m", "batch": 1, "gemv": "linear", "pdl": False, "placement": None, "ms": 0.4}]
+    tc = [{"model": "m", "batch": 1, "impl": "cuda-tma default+pdl", "ms": 0.5}]
+    rows = chain_rows(ch, tc, "m")
+    assert [r[0] for r in rows] == [PLAIN + " + PDL", "labkit linear, no PDL", "CUDA + TMA kernel, default+ PDL"]
+    assert chain_label({"gemv": "tma-32x256s3", "pdl": False}) == "plain Triton GEMV, TMA descriptors 32x256, 3 stages"
+    with pytest.raises(ValueError):
+        chain_rows(ch, tc, "other")
+    fig, (a, b) = plt.subplots(1, 2)
+    plot_chain(a, rows, 0.2, "t")
+    rung_bars(b, [("x", 100.0, "#000", ""), ("y (predicted)", 900.0, "#f00", "//")], 2000.0, "t")
+    assert len(b.patches) == 2 and b.get_xscale() == "log"
+    with pytest.raises(ValueError):
+        rung_bars(b, [], 1.0, "empty")
+    plt.close(fig)
