@@ -122,3 +122,38 @@ def test_chain_rows_and_bars_draw():
     with pytest.raises(ValueError):
         rung_bars(b, [], 1.0, "empty")
     plt.close(fig)
+
+
+def test_header_rules_and_search(tmp_path):
+    from labkit.lab.cuda_headers import search_headers, tensor_map_rules
+
+    cuda_h = ("/**\n * \\brief Encodes\n * - ::tensorMap address must be aligned to 64 bytes.\n"
+              " * - ::globalAddress, which specifies the start, must be 16 byte aligned.\n */\n"
+              "CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *tensorMap);\n")
+    decl, rules = tensor_map_rules(cuda_h)
+    assert decl == "CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *tensorMap);"
+    assert rules == ["tensorMap address must be aligned to 64 bytes.", "globalAddress, which specifies the start, must be 16 byte aligned."]
+    with pytest.raises(ValueError):
+        tensor_map_rules("/** nothing */\nCUresult CUDAAPI cuTensorMapEncodeTiled(int);")
+    (tmp_path / "cuda.h").write_text(cuda_h)
+    got = search_headers(tmp_path, ["cuTensorMapEncodeTiled", "cudaTensorMapCreate"])
+    assert got["files"] == 1 and got["hits"] == {"cuTensorMapEncodeTiled": ["cuda.h"], "cudaTensorMapCreate": []}
+
+
+def test_stream_plot_and_stage_share():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [dict(_row(b, 2.0 + b / 4e12 * 1e6), impl="t", batch=1, gb_per_s=b / (2.0 + b / 4e12 * 1e6) / 1e3)
+            for b in (1e6, 1e8)]
+    fig, ax = plt.subplots()
+    stream_fits.plot_stream_rates(ax, rows, {("t", 1): stream_fits.fit_rows(rows)}, 1, {"t": ("T", "#000")},
+                                  latency_ns=300, copy_bytes_per_s=4e12)
+    plt.close(fig)
+    from types import SimpleNamespace
+
+    sweep = [{"n": 1, "k": 1, "batch": 1, "config": s, "us": us, "error": None} for s, us in ((1, 2.0), (2, 1.0))]
+    share = stream_fits.best_share_by_stages(sweep, lambda c: SimpleNamespace(stages=c))
+    assert share == {(1, 1): pytest.approx(0.5), (1, 2): pytest.approx(1.0)}
