@@ -157,3 +157,18 @@ def test_stream_plot_and_stage_share():
     sweep = [{"n": 1, "k": 1, "batch": 1, "config": s, "us": us, "error": None} for s, us in ((1, 2.0), (2, 1.0))]
     share = stream_fits.best_share_by_stages(sweep, lambda c: SimpleNamespace(stages=c))
     assert share == {(1, 1): pytest.approx(0.5), (1, 2): pytest.approx(1.0)}
+
+
+def test_latency_plot_draws_committed_and_live_rows():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [{"pattern": p, "style": s, "nbytes": n, "ns_per_load": 100.0 + n / 1e7, "error": None}
+            for p in ("random", "stride") for s in ("pointer", "descriptor") for n in (1 << 14, 1 << 28)]
+    fig, ax = plt.subplots()
+    little_law.plot_latency(ax, rows, rows[:2], l2_bytes=60 * 2**20, live_label="here")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "random chain, pointer loads (H200, committed)" in labels and "random chain, pointer loads (here)" in labels
+    plt.close(fig)
