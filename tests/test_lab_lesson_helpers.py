@@ -172,3 +172,25 @@ def test_latency_plot_draws_committed_and_live_rows():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "random chain, pointer loads (H200, committed)" in labels and "random chain, pointer loads (here)" in labels
     plt.close(fig)
+
+
+def test_alignment_summary_and_plot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.lab.tma_alignment import alignment_summary, plot_alignment
+
+    rows = [{"batch": 1, "row_stride": 4096, "base_offset_bytes": o, "gb_per_s": g, "us": 1e3 / g, "error": None}
+            for o, g in ((0, 4000.0), (64, 3800.0), (128, 4000.0))]
+    rows.append({"batch": 1, "row_stride": 4096, "base_offset_bytes": 8, "gb_per_s": None, "us": None, "error": "refused"})
+    s = alignment_summary(rows)
+    assert s["offsets"] == [0, 64, 128] and s["spread"][(1, 4096)] == pytest.approx(0.05) and len(s["refused"]) == 1
+    assert s["us"][((1, 4096), 64)] == pytest.approx(1e3 / 3800)
+    fig, ax = plt.subplots()
+    plot_alignment(ax, rows, 4.2e12)
+    assert len(ax.patches) == 3
+    plt.close(fig)
+    with pytest.raises(ValueError):
+        alignment_summary(rows[-1:])
