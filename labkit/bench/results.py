@@ -74,13 +74,13 @@ def load_results(data_dir: Path | None = DATA_DIR) -> list[dict]:
             raise ResultsFileError(f"{path}: not a JSON results file ({exc})") from None
         if not isinstance(doc, dict):
             raise ResultsFileError(f"{path}: a results file holds one JSON object, not {type(doc).__name__}")
-        doc["path"] = _shown_path(path, data_dir)
+        doc["path"] = shown_path(path, data_dir)
         doc["file"] = str(path)
         docs.append(doc)
     return docs
 
 
-def _shown_path(path: Path, data_dir: Path) -> str:
+def shown_path(path: Path, data_dir: Path) -> str:
     """The file as the README links it: relative to the repository (data/bench/<gpu>/<name>.json)."""
     try:
         return str(path.relative_to(data_dir.parent.parent))
