@@ -53,3 +53,17 @@ def test_figures_have_one_panel_per_workload_and_readable_labels():
     assert fig.axes[0].get_yscale() == "linear"
     with pytest.raises(ValueError):
         pcr.hit_rate_panels([], "t")
+
+
+def test_replay_figure_and_anatomy_figure_draw():
+    from labkit import PRESETS
+    from labkit.lab.cache_anatomy import cache_bytes_figure
+
+    replay = {"rows": [dict(workload=w, policy=p, hit_rate=0.2, ceiling=0.5) for w in ("a", "b") for p in ("lru", "flops")],
+              "snapshot_bytes": 10}
+    fig = pcr.replay_figure(replay, "t")
+    assert fig.get_size_inches()[0] <= 10 and len(fig.axes[0].patches) == 4
+    fig = cache_bytes_figure({"lfm2-350m": PRESETS["lfm2-350m"]}, contexts=(256, 1024), batches=(1, 4))
+    assert len(fig.axes) == 2
+    with pytest.raises(ValueError):
+        pcr.replay_figure({"rows": []}, "t")

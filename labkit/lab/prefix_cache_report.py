@@ -141,3 +141,44 @@ def breakdown_bars(parts: dict, nocache_ms: float, width: float = 8.0):
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
+
+
+def replay_hit_rates(model, streams: dict, block: int, budget: float, policies, backend: str) -> dict:
+    """Hit rate and ceiling of every (stream, policy) at one block size and budget, from the cache's
+    bookkeeping alone (:func:`labkit.bench.cache.replay_stream`: prefills, no decoding, no timing).
+    Returns {"rows": [{"workload", "policy", "hit_rate", "ceiling"}], "snapshot_bytes"}."""
+    from ..bench.cache import replay_stream
+
+    rows, snapshot_bytes = [], None
+    for name, requests in streams.items():
+        for policy in policies:
+            res = replay_stream(model, requests, block, budget, policy, backend=backend)
+            rows.append(dict(workload=name, policy=policy, hit_rate=res["hit_rate"], ceiling=res["ceiling"]))
+            snapshot_bytes = res["snapshot_bytes"]
+    return {"rows": rows, "snapshot_bytes": snapshot_bytes}
+
+
+def replay_figure(replay: dict, title: str, width: float = 8.0):
+    """Bars of :func:`replay_hit_rates`' rows, grouped by stream, one colour per policy, each stream's
+    ceiling as a short black line. Returns the figure."""
+    rows = replay["rows"]
+    if not rows:
+        raise ValueError("no replay rows to draw")
+    streams = list(dict.fromkeys(r["workload"] for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    bar = 0.8 / len(policies)
+    fig, ax = plt.subplots(figsize=(width, 3.2))
+    for k, policy in enumerate(policies):
+        got = {r["workload"]: r for r in rows if r["policy"] == policy}
+        ax.bar([j + (k - (len(policies) - 1) / 2) * bar for j in range(len(streams))],
+               [100 * got[s]["hit_rate"] for s in streams], width=bar, color=POLICY_COLOURS.get(policy, "gray"), label=policy)
+    for j, s in enumerate(streams):
+        ceiling = next(r["ceiling"] for r in rows if r["workload"] == s)
+        ax.plot([j - 0.45, j + 0.45], [100 * ceiling] * 2, color="k", lw=1.5, label="ceiling" if j == 0 else None)
+    ax.set_xticks(range(len(streams)), streams, fontsize=9)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("prompt tokens restored (%)", fontsize=9)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
