@@ -67,3 +67,11 @@ def test_replay_figure_and_anatomy_figure_draw():
     assert len(fig.axes) == 2
     with pytest.raises(ValueError):
         pcr.replay_figure({"rows": []}, "t")
+
+
+def test_precision_figure_is_log_log_with_the_rounding_line():
+    fig = pcr.precision_figure([("a", [1e-3, 1e-4, 1e-5])])
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log" and len(ax.lines) == 2
+    with pytest.raises(ValueError):
+        pcr.precision_figure([])

@@ -182,3 +182,19 @@ def replay_figure(replay: dict, title: str, width: float = 8.0):
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
+
+
+def precision_figure(curves: list[tuple[str, list[float]]], width: float = 7.0):
+    """Relative logit error against the decode step after a bf16 snapshot, one line per (label, errors),
+    beside one element's bf16 rounding (2^-9). Log-log: the error and the steps span decades. Returns the figure."""
+    if not curves:
+        raise ValueError("no precision curves to draw")
+    fig, ax = plt.subplots(figsize=(width, 3.4))
+    for label, errs in curves:
+        ax.plot(range(1, len(errs) + 1), errs, marker="." if len(errs) < 50 else None, label=label)
+    ax.axhline(2 ** -9, color="gray", ls=":", label="bf16 rounding of one element (2⁻⁹)")
+    ax.set(xscale="log", yscale="log", xlabel="decode step after the rounded snapshot", ylabel="relative logit error")
+    ax.set_title("bf16 snapshot of the GDN states vs float32", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
