@@ -49,8 +49,9 @@ def test_figures_have_one_panel_per_workload_and_readable_labels():
     for ax in fig.axes:
         assert all(t.get_fontsize() >= 8 and t.get_rotation() == 0 for t in ax.get_xticklabels())
     ttft = dict(model="m", prefix=40, suffix=5, ttft_nocache_ms=10.0, ttft_hit_ms=2.0)
-    fig = pcr.ttft_bars([("this run", ttft)])
-    assert fig.axes[0].get_yscale() == "linear"
+    fig = pcr.ttft_bars([("this run", ttft), ("H200", ttft | {"ttft_nocache_ms": 0.5, "ttft_hit_ms": 0.1})])
+    assert len(fig.axes) == 2 and all(ax.get_yscale() == "linear" for ax in fig.axes)
+    assert fig.axes[1].get_ylim()[1] < 1  # each row on its own axis: a small one is not a sliver
     with pytest.raises(ValueError):
         pcr.hit_rate_panels([], "t")
 

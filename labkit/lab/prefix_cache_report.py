@@ -95,8 +95,10 @@ def hit_rate_panels(rows: list[dict], title: str, width: float = 10.0):
         for k, policy in enumerate(policies):
             got = {r["budget_snapshots"]: r for r in mine if r["policy"] == policy}
             xs = [i + (k - (len(policies) - 1) / 2) * bar for i, b in enumerate(budgets) if b in got]
-            ax.bar(xs, [100 * got[b]["hit_rate"] for b in budgets if b in got], width=bar,
-                   color=POLICY_COLOURS.get(policy, "gray"), label=policy)
+            ys = [100 * got[b]["hit_rate"] for b in budgets if b in got]
+            ax.bar(xs, ys, width=bar, color=POLICY_COLOURS.get(policy, "gray"), label=policy)
+            for x, y in zip(xs, ys):
+                ax.text(x, y + 1, f"{y:.0f}", ha="center", va="bottom", fontsize=8)
         ax.axhline(100 * mine[0]["ceiling_hit_rate"], color="k", ls="--", lw=1, label="ceiling (unbounded cache)")
         ax.set_xticks(range(len(budgets)), [f"{b:g}" for b in budgets], fontsize=9)
         ax.set_xlabel("budget (snapshots)", fontsize=9)
@@ -111,19 +113,20 @@ def hit_rate_panels(rows: list[dict], title: str, width: float = 10.0):
 
 
 def ttft_bars(rows: list[tuple[str, dict]], width: float = 8.0):
-    """TTFT without a cache and with a hit, one pair of bars per (where, ttft row), on a linear axis
-    with each bar's value written on it. Returns the figure."""
+    """TTFT without a cache and with a hit: one panel per (where, ttft row), each on its own linear axis
+    (a CPU run and an H200 run differ by orders of magnitude) with the values on the bars. Returns the figure."""
     if not rows:
         raise ValueError("no TTFT rows to draw")
-    fig, ax = plt.subplots(figsize=(width, 3.2))
-    for j, (where, r) in enumerate(rows):
-        for dx, key, colour, label in ((-0.2, "ttft_nocache_ms", "#95a5a6", "no prefix cache"), (0.2, "ttft_hit_ms", "#2e86c1", "hit")):
-            ax.bar(j + dx, r[key], width=0.4, color=colour, label=label if j == 0 else None)
-            ax.text(j + dx, r[key], f"{r[key]:.1f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(rows)), [f"{where}\n{r['model']}, {r['prefix']}+{r['suffix']}" for where, r in rows], fontsize=8)
-    ax.set_ylabel("time to first token (ms)", fontsize=9)
-    ax.set_ylim(0, 1.15 * max(max(r["ttft_nocache_ms"], r["ttft_hit_ms"]) for _, r in rows))
-    ax.legend(fontsize=8, loc="upper right")
+    fig, axes = plt.subplots(1, len(rows), figsize=(width, 3.0), squeeze=False)
+    for ax, (where, r) in zip(axes[0], rows):
+        vals = [r["ttft_nocache_ms"], r["ttft_hit_ms"]]
+        ax.bar([0, 1], vals, width=0.6, color=["#95a5a6", "#2e86c1"])
+        for x, v in enumerate(vals):
+            ax.text(x, v, f"{v:.1f} ms", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks([0, 1], ["no prefix cache", "hit"], fontsize=9)
+        ax.set_ylim(0, 1.18 * max(vals))
+        ax.set_title(f"{where}: {r['model']}, {r['prefix']}+{r['suffix']}", fontsize=9)
+    axes[0][0].set_ylabel("time to first token (ms)", fontsize=9)
     fig.tight_layout()
     return fig
 
