@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from pathlib import Path
 
 
 def _notebooks(args: argparse.Namespace) -> int:
@@ -28,10 +29,10 @@ def _notebooks(args: argparse.Namespace) -> int:
 
 
 def _strip(args: argparse.Namespace) -> int:
-    from .lab.notebooks import drop_injected_parameters
+    from .lab.notebooks import strip_notebook
 
     for path in args.paths:
-        print(f"{path}: {'removed the injected-parameters cell' if drop_injected_parameters(path) else 'none'}")
+        print(f"{path}: {'; '.join(strip_notebook(path)) or 'none'}")
     return 0
 
 
@@ -49,6 +50,20 @@ def _colab(args: argparse.Namespace) -> int:
         return 1 if stale else 0
     for path in paths:
         print(f"{path}: {'wrote the Colab cells' if add_colab_cells(path) else 'up to date'}")
+    return 0
+
+
+def _ladder_table(args: argparse.Namespace) -> int:
+    from .lab import ladder, summary
+
+    try:
+        if args.readme:
+            summary.update_readme(args.readme, args.gpu)
+        else:
+            print(summary.markdown_table(summary.ladder_rows(args.gpu)))
+    except (ladder.LadderMissing, ValueError) as exc:
+        print(f"labkit ladder-table: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -80,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     nb.add_argument("--log-output", action="store_true", help="stream the cells' output while they run")
     nb.set_defaults(func=_notebooks)
     strip = sub.add_parser("strip-notebooks", help="remove papermill's injected-parameters cell from executed "
-                           "notebooks before committing them (labkit notebooks already writes them without it)")
+                           "notebooks and set their kernelspec and language_info to what JupyterLab writes with "
+                           "the kernel make lab installs, before committing them")
     strip.add_argument("paths", nargs="+")
     strip.set_defaults(func=_strip)
     colab = sub.add_parser("colab-cells", help="put the 'Open in Colab' badge and the Colab install cell first in "
@@ -88,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     colab.add_argument("paths", nargs="*")
     colab.add_argument("--check", action="store_true", help="write nothing; exit 1 if a notebook's cells are stale")
     colab.set_defaults(func=_colab)
+    lt = sub.add_parser("ladder-table", help="the closing ladder (every rung, both models, batch 1 and 16) from "
+                        "data/bench/<gpu>/ladder.json, as markdown; --readme rewrites the README's ladder block")
+    lt.add_argument("--gpu", default="nvidia-h200")
+    lt.add_argument("--readme", type=Path, help="rewrite the ladder block of this README")
+    lt.set_defaults(func=_ladder_table)
     sub.add_parser("bench", help="benchmarks: python -m labkit bench --help (decode, prefill, ops, cache, table, "
                    "chain, tma, hit-timeline, hit-host, ...)")
     sub.add_parser("tune", help="sweep the linear kernels' blockings on this GPU into data/tuning/<gpu>.json")

@@ -1,5 +1,7 @@
 """The workbook in a real browser: JupyterLab serves notebook 00, headless Chromium runs it on the CPU,
-and the roofline widget redraws when its batch slider moves.
+and the roofline widget redraws when its batch slider moves; and a committed notebook opened, saved
+without running and closed is left byte-identical (its fast twin, without a browser, checks every
+notebook's metadata).
 
 JupyterLab listens on 127.0.0.1 only, on a free port, behind a random token, over a copy of the
 notebook (the committed file is never touched), with its settings, workspaces and kernels' IPython
@@ -60,13 +62,28 @@ def _get(url: str) -> bytes:
 def lab(tmp_path):
     """A JupyterLab server over a copy of notebook 00; yields (base url, token). Shut down afterwards,
     kernels first, whatever the test did."""
-    root, home = tmp_path / "lab", tmp_path / "jupyter"
+    root = tmp_path / "lab"
     root.mkdir()
     nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     # one more cell, in the copy only: which labkit the browser's kernel imports
     nb["cells"].append({"cell_type": "code", "execution_count": None, "id": "labkit-origin", "metadata": {},
                         "outputs": [], "source": CHECK_CELL})
     (root / NOTEBOOK.name).write_text(json.dumps(nb), encoding="utf-8")
+    yield from _serve(tmp_path, root)
+
+
+@pytest.fixture
+def lab_over_committed(tmp_path):
+    """A JupyterLab server over byte-for-byte copies of the committed notebooks (and the glossary)."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    for path in [*NOTEBOOK.parent.glob("*.ipynb"), *NOTEBOOK.parent.glob("*.md")]:
+        shutil.copyfile(path, root / path.name)
+    yield from _serve(tmp_path, root)
+
+
+def _serve(tmp_path, root):
+    home = tmp_path / "jupyter"
     config = home / "config"
     (config / "labconfig").mkdir(parents=True)
     # no news, update checks or extension listings (no network, no pop-up over the notebook);
@@ -176,3 +193,70 @@ def test_roofline_widget_redraws_in_jupyterlab(chromium, lab, tmp_path):
             page.screenshot(path=str(tmp_path / "roofline-widget.png"), full_page=True)
         finally:
             browser.close()
+
+
+# the committed notebooks a reader opens first (00) and last (08); every notebook has the same metadata
+CLEAN_OPEN = [NOTEBOOK, REPO / "notebooks" / "08_summary.ipynb"]
+
+
+@pytest.mark.parametrize("committed", CLEAN_OPEN, ids=lambda p: p.stem)
+def test_opening_a_committed_notebook_and_closing_it_leaves_it_byte_identical(chromium, lab_over_committed, tmp_path,
+                                                                             committed):
+    """Opened in JupyterLab with the kernel `make lab` installs, a committed notebook is not marked
+    modified once its kernel has started (kernelspec and language_info are as JupyterLab writes them:
+    `python -m labkit strip-notebooks`), and saving it without running anything, as autosave would,
+    then closing it, writes back the same bytes."""
+    from playwright.sync_api import sync_playwright
+
+    base, token = lab_over_committed
+    served = tmp_path / "lab" / committed.name
+    before = served.read_bytes()
+    assert before == committed.read_bytes()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab/tree/{committed.name}?token={token}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+            # the kernel has answered kernel_info (which sets language_info) and JupyterLab has read its spec
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp?.shell.currentWidget;"
+                " return w?.sessionContext?.session?.kernel?.status === 'idle'"
+                " && w.context.model.getMetadata('language_info')?.version"
+                " && w.context.model.getMetadata('kernelspec')?.language; }", timeout=90_000)
+            page.wait_for_timeout(3_000)  # any metadata update still on its way
+            dirty = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.model.dirty")
+            metadata = page.evaluate("() => JSON.stringify(window.jupyterapp.shell.currentWidget.context.model"
+                                     ".toJSON().metadata)")
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+            page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+            page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
+            page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel')", timeout=30_000)
+        finally:
+            browser.close()
+    after = served.read_bytes()
+    committed_meta = json.loads(before)["metadata"]
+    shown = {k: committed_meta.get(k) for k in ("kernelspec", "language_info")}
+    assert not dirty, (f"JupyterLab marked {committed.name} modified on opening; it wants {metadata}, "
+                       f"the file has {json.dumps(shown)}: run python -m labkit strip-notebooks")
+    assert after == before, f"saving {committed.name} unchanged rewrote it: run python -m labkit strip-notebooks"
+
+
+def test_committed_notebooks_carry_what_jupyterlab_writes():
+    """The fast twin of the test above, without a browser: every committed notebook already has the
+    kernelspec and language_info that JupyterLab writes with this environment's kernel (the one
+    `make lab` installs; language_info's version is this interpreter's Python), in the layout its
+    server saves, so opening one marks nothing modified. A notebook run elsewhere (papermill on the
+    GPU machine) is brought back to it with `python -m labkit strip-notebooks notebooks/*.ipynb`."""
+    from labkit.lab.notebooks import lab_layout, lab_metadata, notebook_paths
+
+    want = lab_metadata()
+    stale = []
+    for path in notebook_paths():
+        text = path.read_text(encoding="utf-8")
+        nb = json.loads(text)
+        wrong = [k for k, v in want.items() if nb["metadata"].get(k) != v]
+        if wrong or lab_layout(nb) != text:
+            stale.append(f"{path.name} ({', '.join(wrong) or 'layout'})")
+    assert not stale, f"run python -m labkit strip-notebooks on: {', '.join(stale)}"

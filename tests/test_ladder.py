@@ -125,3 +125,76 @@ def test_the_committed_h200_fixed_cost_is_a_few_microseconds():
     got = fixed_cost_per_kernel()
     assert 0.5 < got["us"] < 5 and 2e12 < got["bandwidth_bytes_per_s"] < 6e12
     assert got["file"] == "data/bench/nvidia-h200/chain.json"
+
+
+# -- heuristic settings only, and the bench ladder command ---------------------------------------------
+def test_heuristics_only_hides_the_tuning_file_without_a_warning(gpu_named):
+    import warnings
+
+    from labkit import tuning
+    from labkit.ops import linear as linear_mod
+
+    gpu_named("NVIDIA H200")
+    assert tuning.device_table("cuda:0")  # the committed H200 file
+    key = next(iter(tuning.device_table("cuda:0")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no UntunedGPUWarning inside the block
+        with tuning.heuristics_only():
+            assert tuning.device_table("cuda:0") is None and tuning.device_document("cuda:0") is None
+            got = tuning.linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks, device="cuda:0")
+            assert dict(tuning.settings("attention_decode", "cuda:0")) == dict(tuning.HEURISTICS["attention_decode"])
+    assert got == linear_mod.linear_config(key.m_bucket, key.n, key.k, row_blocks=key.row_blocks)
+    assert tuning.device_table("cuda:0")  # back after the block
+
+
+def test_every_rung_but_tuned_runs_with_the_heuristics(monkeypatch, tmp_path):
+    import labkit
+    from labkit import tuning
+    from labkit.bench import ladder as bench_ladder
+    from labkit.bench.decode import DecodeResult
+
+    seen = {}
+
+    def fake_time_decode(model, impl, batch, prompt, new_tokens, repeats, warmup, facts):
+        seen[impl] = tuning._heuristics_only.get()
+        return DecodeResult(model.cfg.name, impl, batch, prompt, new_tokens, tokens_per_s=1.0)
+
+    monkeypatch.setattr(bench_ladder, "time_decode", fake_time_decode)
+    monkeypatch.setattr(bench_ladder, "refusal", lambda *a: None)
+    model = labkit.build("tiny-lfm2", seed=0)
+    heuristic = bench_ladder.measure_rung(model, "fused+graph+pdl", 1, 4, 2, 1, None)
+    assert seen == {"fused+graph+pdl": True} and heuristic.tuning == "heuristic" and heuristic.rung == "fused+graph+pdl"
+    monkeypatch.setattr(bench_ladder, "tuning_file", lambda device: tuning.TUNING_DIR / "nvidia-h200.json")
+    tuned = bench_ladder.measure_rung(model, "tuned", 1, 4, 2, 1, None)
+    assert seen == {"fused+graph+pdl": False}  # the file's settings
+    assert tuned.impl == "fused+graph+pdl" and tuned.tuning == "data/tuning/nvidia-h200.json"
+
+
+def test_pdl_on_an_older_gpu_is_absent_with_the_decoders_reason():
+    import labkit
+    from labkit.bench import ladder as bench_ladder
+    from labkit.ops.features import stand_in
+
+    model = labkit.build("tiny-lfm2", seed=0)
+    with stand_in("NVIDIA A100-SXM4-80GB", (8, 0)):
+        row = bench_ladder.measure_rung(model, "fused+graph+pdl", 1, 4, 2, 1, None)
+    assert row.tokens_per_s is None and row.error is None
+    assert row.absent.startswith("MissingFeature") and "programmatic dependent launch" in row.absent
+
+
+def test_bench_ladder_on_the_cpu_writes_rows_the_reader_reads(tmp_path, capsys):
+    from labkit.__main__ import main
+
+    data = tmp_path / "data" / "bench"
+    argv = ["bench", "ladder", "--models", "tiny-lfm2", "--batch", "2", "--rungs", "transformers", "reference",
+            "fused+graph", "tuned", "--prompt", "4", "--new-tokens", "2", "--repeats", "1", "--data-dir", str(data)]
+    assert main(argv) == 0
+    doc = json.loads((data / "cpu" / "ladder.json").read_text())
+    assert doc["kind"] == "decode" and doc["command"].startswith("python -m labkit bench ladder --models tiny-lfm2")
+    assert [r["rung"] for r in doc["results"]] == ["transformers", "reference", "fused+graph", "tuned"]
+    ref = figure("tiny-lfm2", "reference", 2, gpu="cpu", data_dir=data)
+    assert ref["tokens_per_s"] > 0 and ref["tuning"] == "heuristic" and ref["new_tokens"] == 2
+    with pytest.raises(LadderMissing, match="CUDA graph"):
+        figure("tiny-lfm2", "fused+graph", 2, gpu="cpu", data_dir=data)
+    with pytest.raises(LadderMissing, match="no tuning file"):
+        figure("tiny-lfm2", "tuned", 2, gpu="cpu", data_dir=data)

@@ -3,8 +3,8 @@ byte-level checkpoints (tiny random presets where they are absent), Triton's int
 
 The notebooks assert their own checks, so a failing check fails here. The same run also shows that
 a batch run writes nothing under data/ unless asked to (SAVE_RESULTS), and leaves no warnings,
-progress bars or profiler lines in the outputs or on the terminal. (CI also runs nbval over the
-committed notebooks, comparing the outputs of cells marked NBVAL_CHECK_OUTPUT.)
+progress bars or profiler lines in the outputs or on the terminal. (`make test` then runs nbval over the
+notebooks that hold cells marked NBVAL_CHECK_OUTPUT, comparing those cells' outputs with the committed ones.)
 """
 
 import json

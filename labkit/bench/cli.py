@@ -156,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
 # subcommands with their own options (python -m labkit bench <name> --help): name -> (module, its main's extra args)
 OWN_PARSERS = {
     "chain": ("labkit.bench.chain", ()),  # the step's projections chained in one graph
+    "ladder": ("labkit.bench.ladder", ()),  # every rung, both models, batch 1 and 16: the headline figures
     "tma": ("labkit.bench.tma", ()),  # the CUDA TMA GEMV against Triton and cuBLAS
     "tma-alignment": ("labkit.bench.tma_alignment", ()),  # the TMA GEMV's weight base / row stride alignment
     "latency": ("labkit.bench.latency", ()),  # pointer-chase load latency per memory level

@@ -60,6 +60,12 @@ VARIANTS = {
     "single-chunk": dict(single_chunk=True),
     "single-chunk+bv64": dict(single_chunk=True, single_block_v=64),
     "single-chunk+w8": dict(single_chunk=True, single_warps=8),
+    # narrower value blocks: 16 heads x 128 / block_v programs for one sequence (16 at 128 columns,
+    # 64 at 32), each holding a [64, block_v] slice of U and O instead of the whole head
+    "single-chunk+bv32": dict(single_chunk=True, single_block_v=32),
+    "single-chunk+bv32+w2": dict(single_chunk=True, single_block_v=32, single_warps=2),
+    "single-chunk+bv16+w2": dict(single_chunk=True, single_block_v=16, single_warps=2),
+    "single-chunk+bv64+w8": dict(single_chunk=True, single_block_v=64, single_warps=8),
 }
 
 

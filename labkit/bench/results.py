@@ -107,36 +107,141 @@ def _rows(docs: list[dict], kind: str, fields: tuple[str, ...]) -> list[tuple[di
     return out
 
 
+def _cell(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _link(d: dict) -> str:
+    return f"[{Path(d['path']).name}]({d['path']})"
+
+
+def _slug(d: dict) -> str:
+    """The GPU folder a results file sits in (data/bench/<slug>/<name>.json)."""
+    return Path(d["path"]).parent.name
+
+
+def ladder_docs(docs: list[dict]) -> list[dict]:
+    """The decode ladder file of each GPU (``data/bench/<gpu>/ladder.json``, :mod:`labkit.bench.ladder`)."""
+    from ..lab.ladder import LADDER_NAME
+
+    return [d for d in docs if d.get("kind") == "decode" and Path(d["path"]).stem == LADDER_NAME]
+
+
+def complete_prefill(doc: dict) -> bool:
+    """A prefill file the README can show on its own: no failed row, and for every model in it a
+    labkit rung and a transformers peer at every prompt length the file names."""
+    from .decode import PEERS
+
+    rows = doc.get("results") or []
+    if not rows or any(r.get("error") for r in rows):
+        return False
+    lengths = {r["tokens"] for r in rows}
+    for model in {r["model"] for r in rows}:
+        mine = [r for r in rows if r["model"] == model]
+        for side in (lambda i: i in PEERS, lambda i: i not in PEERS):
+            if {r["tokens"] for r in mine if side(r["impl"])} != lengths:
+                return False
+    return True
+
+
+def prefill_docs(docs: list[dict]) -> list[dict]:
+    """Per GPU, the newest complete prefill file (:func:`complete_prefill`), by its recorded date."""
+    newest: dict[str, dict] = {}
+    for d in docs:
+        if d.get("kind") == "prefill" and complete_prefill(d):
+            if _slug(d) not in newest or str(d.get("date")) > str(newest[_slug(d)].get("date")):
+                newest[_slug(d)] = d
+    return [newest[k] for k in sorted(newest)]
+
+
+# rungs whose kernels read no tuning file: their figures do not depend on one
+TUNING_FREE = ("transformers", "transformers+fla", "transformers+compile", "reference", "reference+graph")
+
+
+def _tuning_of(slug: str, row: dict) -> str:
+    """What kernel settings a row ran with: none to speak of for :data:`TUNING_FREE` rungs; the
+    row's ``tuning`` where it records one; else labkit's default, the GPU's tuning file (rows
+    written before the field existed ran with whatever file the GPU had)."""
+    if row["impl"] in TUNING_FREE:
+        return "n/a"
+    return row.get("tuning") or f"data/tuning/{slug}.json"
+
+
+def figure_key(doc: dict, row: dict) -> tuple:
+    """What one figure is of: (gpu, kind, model, implementation, kernel settings, batch, prompt
+    and steps for decode / prompt tokens for prefill). Two files with a row of the same key
+    measure the same thing."""
+    slug = _slug(doc)
+    if doc.get("kind") == "decode":
+        return (slug, "decode", row["model"], row["impl"], _tuning_of(slug, row), row["batch"], row.get("prompt"),
+                row.get("new_tokens"))
+    return (slug, "prefill", row["model"], row["impl"], _tuning_of(slug, row), row.get("batch", 1), row["tokens"])
+
+
+def clashes(docs: list[dict]) -> dict[tuple, list[tuple[str, float]]]:
+    """Every :func:`figure_key` that two or more files give different tokens/s for: key -> [(file,
+    tokens/s)], files sorted. (Failed and absent rows hold no figure.)"""
+    seen: dict[tuple, dict[str, float]] = {}
+    for d in docs:
+        if d.get("kind") not in ("decode", "prefill"):
+            continue
+        for r in d.get("results") or []:
+            if r.get("error") or r.get("absent") or r.get("tokens_per_s") is None:
+                continue
+            seen.setdefault(figure_key(d, r), {}).setdefault(d["path"], r["tokens_per_s"])
+    return {k: sorted(v.items()) for k, v in seen.items() if len(v) > 1 and len(set(v.values())) > 1}
+
+
+NOT_MEASURED = ("Decode ladder: not measured yet on any GPU. `python -m labkit bench ladder` measures every "
+                "rung of both models at batch 1 and 16 and writes `data/bench/<gpu>/ladder.json`; then "
+                "`python -m labkit bench table --readme README.md` rewrites this table.")
+
+
 def markdown_table(docs: list[dict]) -> str:
-    """The README's results table: every decode and prefill row of every results file."""
-    lines = []
+    """The README's results: per GPU, one row per (model, rung, batch) of its ladder file, then the
+    prefill rows of its newest complete prefill file. Every decode and prefill file is checked
+    for the fields the table reads (a malformed one is a :class:`ResultsFileError`), shown or not."""
+    from ..lab.ladder import RUNGS
+
     decode = _rows(docs, "decode", ("model", "impl", "batch", "tokens_per_s", "achieved_bytes_per_s"))
-    if decode:
-        lines += [
-            "| GPU | model | implementation | batch | tok/s | % of roofline | achieved GB/s | file |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
-        ]
-        for d, r in decode:
-            if r.get("error"):
-                cells = ["failed", "", ""]
+    _rows(docs, "prefill", ("model", "impl", "tokens", "ms"))
+    ladders = ladder_docs(docs)
+    lines = []
+    if not ladders:
+        lines += [NOT_MEASURED, ""]
+    for d in ladders:
+        rows = sorted((r for doc, r in decode if doc is d),
+                      key=lambda r: (RUNGS.index(r["rung"]) if r.get("rung") in RUNGS else len(RUNGS), r["model"],
+                                     r["batch"]))
+        shape = sorted({(r.get("prompt"), r.get("new_tokens")) for r in rows}, key=str)
+        steps = ", ".join(f"{p}-token prompt, {n} new tokens" for p, n in shape)
+        lines += [f"Decode on {d.get('gpu') or 'a CPU'}, {steps}: {_link(d)} ({str(d.get('date'))[:10]}, "
+                  f"`{d.get('command')}`).", "",
+                  "| GPU | model | rung | kernel settings | batch | tok/s | % of roofline | achieved GB/s | file |",
+                  "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+        for r in rows:
+            if r.get("absent"):
+                cells = [f"absent: {_cell(r['absent'])}", "", ""]
+            elif r.get("error") or r.get("tokens_per_s") is None:
+                cells = [f"failed: {_cell(r.get('error') or 'no figure')}", "", ""]
             else:
                 pct = r.get("pct_of_roofline")
-                cells = [
-                    f"{r['tokens_per_s']:,.1f}",
-                    f"{pct:.1f}%" if pct is not None else "",
-                    f"{r['achieved_bytes_per_s'] / 1e9:,.0f}",
-                ]
-            lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r['impl']} | {r['batch']} | "
-                         + " | ".join(cells) + f" | [{Path(d['path']).name}]({d['path']}) |")
-    prefill = _rows(docs, "prefill", ("model", "impl", "tokens", "ms"))
-    if prefill:
-        lines += ["", "| GPU | model | implementation | prompt tokens | prefill ms | file |",
-                  "| --- | --- | --- | ---: | ---: | --- |"]
-        for d, r in prefill:
-            ms = "failed" if r.get("error") else f"{r['ms']:,.2f}"
-            lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r['impl']} | {r['tokens']} | {ms} | "
-                         f"[{Path(d['path']).name}]({d['path']}) |")
-    return "\n".join(lines)
+                cells = [f"{r['tokens_per_s']:,.1f}", f"{pct:.1f}%" if pct is not None else "",
+                         f"{r['achieved_bytes_per_s'] / 1e9:,.0f}"]
+            lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r.get('rung', r['impl'])} | "
+                         f"{r.get('tuning', '')} | {r['batch']} | " + " | ".join(cells) + f" | {_link(d)} |")
+        lines.append("")
+    for d in prefill_docs(docs):
+        lines += [f"Prefill on {d.get('gpu') or 'a CPU'}: {_link(d)} ({str(d.get('date'))[:10]}, `{d.get('command')}`), "
+                  "the newest prefill file with a labkit rung and the transformers peer for every model and length.",
+                  "", "| GPU | model | implementation | batch | prompt tokens | prefill ms | file |",
+                  "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+        for r in sorted(d["results"], key=lambda r: (r["model"], r["impl"], r.get("batch", 1), r["tokens"])):
+            lines.append(f"| {d.get('gpu') or 'cpu'} | {r['model']} | {r['impl']} | {r.get('batch', 1)} | {r['tokens']} | "
+                         f"{r['ms']:,.2f} | {_link(d)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 README_BEGIN = "<!-- results:begin (python -m labkit bench table --readme README.md) -->"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.results import ResultsFileError, results_dir, shown_path
+from ..bench.results import ResultsFileError, check_name, results_dir, shown_path
 
 # ladder order; every rung but "tuned" runs with the heuristic kernel settings (no tuning file)
 RUNGS = ("transformers", "reference", "reference+graph", "fused", "fused+graph", "fused+graph+pdl",
@@ -38,7 +38,7 @@ class LadderMissing(FileNotFoundError, KeyError):
 
 
 def ladder_path(gpu: str = "nvidia-h200", data_dir: Path | None = None) -> Path:
-    return results_dir(data_dir) / gpu / f"{LADDER_NAME}.json"
+    return results_dir(data_dir) / check_name(gpu) / f"{LADDER_NAME}.json"  # never archive/
 
 
 def _document(gpu: str, data_dir: Path | None) -> tuple[dict, Path]:
@@ -115,7 +115,7 @@ def fixed_cost_per_kernel(gpu: str = "nvidia-h200", *, data_dir: Path | None = N
     which chain and fit this is), ``per_model`` (each model's own fit, as chain.json records it)."""
     from ..bench.chain import fit_per_kernel
 
-    path = results_dir(data_dir) / gpu / f"{CHAIN_NAME}.json"
+    path = results_dir(data_dir) / check_name(gpu) / f"{CHAIN_NAME}.json"
     if not path.exists():
         raise LadderMissing(f"no chain measured for {gpu}: {path} does not exist; run `{CHAIN_COMMAND}` on that GPU")
     doc = json.loads(path.read_text())

@@ -139,6 +139,51 @@ def drop_injected_parameters(path: str | Path) -> bool:
     return True
 
 
+def lab_metadata() -> dict:
+    """The notebook metadata JupyterLab writes when it opens a notebook with the kernel ``make lab``
+    installs (``ipykernel install --name python3`` in this interpreter's environment): the
+    kernelspec from that kernel's spec, and the ``language_info`` its kernel_info reply carries,
+    whose ``version`` is this interpreter's Python. A committed notebook that carries exactly
+    these opens in JupyterLab unmodified, so autosave never rewrites it."""
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import KERNEL_NAME, get_kernel_dict
+
+    spec = get_kernel_dict()
+    return {"kernelspec": {"display_name": spec["display_name"], "language": spec["language"], "name": KERNEL_NAME},
+            "language_info": json.loads(json.dumps(IPythonKernel.language_info))}
+
+
+def normalise_metadata(nb: dict) -> bool:
+    """Set ``nb``'s kernelspec and language_info to :func:`lab_metadata`, in place; True if they changed."""
+    want = lab_metadata()
+    changed = any(nb["metadata"].get(key) != value for key, value in want.items())
+    nb["metadata"].update(want)
+    return changed
+
+
+def strip_notebook(path: str | Path) -> list[str]:
+    """What ``python -m labkit strip-notebooks`` does to one notebook before it is committed: drop
+    papermill's injected-parameters cell (:func:`drop_injected_parameters`) and normalise the
+    metadata to what JupyterLab writes (:func:`normalise_metadata`), in the layout it saves
+    (:func:`lab_layout`). Returns what changed."""
+    path = Path(path)
+    done = ["removed the injected-parameters cell"] if drop_injected_parameters(path) else []
+    text = path.read_text(encoding="utf-8")
+    nb = json.loads(text)
+    if normalise_metadata(nb):
+        done.append("normalised kernelspec and language_info")
+    if lab_layout(nb) != text:
+        path.write_text(lab_layout(nb), encoding="utf-8")
+        done.append("wrote it as JupyterLab saves it")
+    return done
+
+
+def lab_layout(nb: dict) -> str:
+    """The bytes JupyterLab's server writes for ``nb`` when it saves it: nbformat's layout and one
+    final newline."""
+    return _nbformat_json(nb) + "\n"
+
+
 def colab_url(notebook: str) -> str:
     """Colab's page for ``notebooks/<notebook>`` of :data:`REPOSITORY` (its ``main`` branch)."""
     owner_repo = REPOSITORY.removeprefix("https://github.com/")
@@ -284,10 +329,11 @@ REFERENCE_GPU = "nvidia-h200"  # the GPU whose committed results a notebook teac
 
 def committed_results(name: str, gpu: str = REFERENCE_GPU) -> dict:
     """A committed results file, ``data/bench/<gpu>/<name>.json`` (GPU, versions, date, command and
-    rows), for a notebook to read its numbers from instead of typing them."""
-    from ..bench.results import results_dir
+    rows), for a notebook to read its numbers from instead of typing them. ``name`` is a plain file
+    name: superseded files under ``data/bench/<gpu>/archive/`` are never read."""
+    from ..bench.results import check_name, results_dir
 
-    path = results_dir() / gpu / f"{name}.json"
+    path = results_dir() / check_name(gpu) / f"{check_name(name)}.json"
     if not path.exists():
         have = sorted(p.stem for p in path.parent.glob("*.json"))
         raise FileNotFoundError(f"no committed results {path}; {gpu} has: {', '.join(have) or 'none'}")

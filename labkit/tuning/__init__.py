@@ -25,9 +25,11 @@ nothing about files or devices.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT", "HEURISTICS", "IMPLS", "KERNELS", "KEY_FIELDS", "TUNE_COMMAND", "TUNING_DIR", "TuningFileError",
     "UntunedGPUWarning", "config_from_dict", "config_to_dict", "device_document", "device_table", "forget", "gpu_name",
-    "gpu_slug", "impl_table", "key_from_dict", "key_to_dict", "linear_config", "linear_impl", "linear_table",
+    "gpu_slug", "heuristics_only", "impl_table", "key_from_dict", "key_to_dict", "linear_config", "linear_impl", "linear_table",
     "pdl_placement", "read_tuning_file", "settings", "tma_config", "tuning_path", "untuned_message", "update_tuning_file",
     "write_tuning_file",
 ]
@@ -76,6 +78,21 @@ class _Loaded:
 
 _loaded: dict[tuple[str, Path], _Loaded] = {}
 _warned: set[str] = set()
+_NO_FILE = _Loaded(None, {}, {}, {})
+_heuristics_only: ContextVar[bool] = ContextVar("labkit_tuning_heuristics_only", default=False)
+
+
+@contextmanager
+def heuristics_only() -> Iterator[None]:
+    """Inside the block every lookup answers as for a GPU without a tuning file, without the
+    warning: the heuristic settings, whatever ``data/tuning/`` holds. For measuring what the file
+    buys: a decoder made (and run, since some settings are read at capture) inside the block
+    uses none of it."""
+    token = _heuristics_only.set(True)
+    try:
+        yield
+    finally:
+        _heuristics_only.reset(token)
 
 
 def forget() -> None:
@@ -104,6 +121,8 @@ def _load(device: torch.device | str | int | None, directory: Path) -> _Loaded |
     name = gpu_name(device)
     if name is None:
         return None
+    if _heuristics_only.get():
+        return _NO_FILE
     key = (name, Path(directory))
     if key not in _loaded:
         path = tuning_path(name, directory)
