@@ -40,3 +40,36 @@ def roofline_explorer(bytes_per_s: float, flops_per_s: float, presets=("lfm2-350
         control.observe(redraw, names="value")
     redraw()
     return w.VBox([w.HBox([preset, batch, context]), out])
+
+
+def figure_with_controls(controls: dict, draw, busy_text: str = "redrawing…"):
+    """Sliders (or any value widgets) above ONE figure that ``draw(**values)`` makes; while it draws, a
+    label says so (a redraw can take seconds: a replay on a CPU runs the model). The figure is drawn
+    once at once, so the page shows it a single time. Returns the widget (display it)."""
+    try:
+        import ipywidgets as w
+    except ImportError as exc:  # the notebooks extra installs it
+        raise ImportError("figure_with_controls needs ipywidgets: pip install 'labkit[notebooks]'") from exc
+    if not controls:
+        raise ValueError("figure_with_controls needs at least one control")
+    status = w.Label(value="")
+    out = w.Output()
+
+    def redraw(*_):
+        status.value = busy_text
+        for c in controls.values():
+            c.disabled = True
+        try:
+            with out:
+                out.clear_output(wait=True)
+                draw(**{name: c.value for name, c in controls.items()})
+                plt.show()
+        finally:
+            for c in controls.values():
+                c.disabled = False
+            status.value = ""
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox([*controls.values(), status]), out])

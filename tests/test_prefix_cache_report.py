@@ -1,0 +1,78 @@
+"""labkit.lab.prefix_cache_report: the hit breakdown, the miss overhead and chapter 03's figures."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+from labkit.lab import prefix_cache_report as pcr
+
+
+def _row(workload, policy, budget, hit, restored, ttft, nocache):
+    return dict(workload=workload, policy=policy, budget_snapshots=budget, hit_rate=hit, ceiling_hit_rate=0.9,
+                restored_tokens=restored, ttft_ms_median=ttft, ttft_nocache_ms_median=nocache)
+
+
+def test_arithmetic_speedup_counts_tokens():
+    assert pcr.arithmetic_speedup(4096, 64) == pytest.approx(65.0)
+    with pytest.raises(ValueError, match="suffix"):
+        pcr.arithmetic_speedup(10, 0)
+
+
+def test_hit_breakdown_sums_host_restore_and_tail():
+    timeline = dict(hit_wall_median_ms=3.3, tail_continuation_median_ms=2.2, kernels_per_hit=333, busy_us_per_hit=1900.0)
+    host = {"hit: pc.prefill, tail stubbed = host side (ms)": 0.9, "restore: the copies (ms)": 0.2}
+    parts = pcr.hit_breakdown(timeline, host)
+    assert parts["host"] == pytest.approx(0.7) and parts["restore"] == pytest.approx(0.2)
+    assert parts["predicted"] == pytest.approx(0.7 + 0.2 + 2.2)
+    assert parts["measured"] == 3.3 and parts["busy"] == pytest.approx(1.9)
+    with pytest.raises(KeyError, match="hit-host"):
+        pcr.hit_breakdown(timeline, {})
+    with pytest.raises(KeyError, match="hit-timeline"):
+        pcr.hit_breakdown({}, host)
+
+
+def test_miss_overhead_uses_rows_that_restored_nothing():
+    rows = [_row("unrelated", "lru", 8, 0.0, 0, 90.0, 30.0), _row("unrelated", "flops", 8, 0.0, 0, 60.0, 30.0),
+            _row("shared-prefix", "lru", 8, 0.5, 100, 10.0, 40.0)]
+    out = pcr.miss_overhead(rows)
+    assert set(out) == {"unrelated"}  # the shared-prefix row hit: not a miss
+    assert out["unrelated"]["ratio_min"] == pytest.approx(2.0) and out["unrelated"]["ratio_max"] == pytest.approx(3.0)
+    assert out["unrelated"]["nocache_ms"] == 30.0
+
+
+def test_figures_have_one_panel_per_workload_and_readable_labels():
+    rows = [_row(w, p, b, 0.3, 1, 1.0, 1.0) for w in ("shared-prefix", "multi-turn") for p in ("lru", "flops") for b in (3, 6)]
+    fig = pcr.hit_rate_panels(rows, "t")
+    assert len(fig.axes) == 2 and fig.get_size_inches()[0] <= 10
+    for ax in fig.axes:
+        assert all(t.get_fontsize() >= 8 and t.get_rotation() == 0 for t in ax.get_xticklabels())
+    ttft = dict(model="m", prefix=40, suffix=5, ttft_nocache_ms=10.0, ttft_hit_ms=2.0)
+    fig = pcr.ttft_bars([("this run", ttft), ("H200", ttft | {"ttft_nocache_ms": 0.5, "ttft_hit_ms": 0.1})])
+    assert len(fig.axes) == 2 and all(ax.get_yscale() == "linear" for ax in fig.axes)
+    assert fig.axes[1].get_ylim()[1] < 1  # each row on its own axis: a small one is not a sliver
+    with pytest.raises(ValueError):
+        pcr.hit_rate_panels([], "t")
+
+
+def test_replay_figure_and_anatomy_figure_draw():
+    from labkit import PRESETS
+    from labkit.lab.cache_anatomy import cache_bytes_figure
+
+    replay = {"rows": [dict(workload=w, policy=p, hit_rate=0.2, ceiling=0.5) for w in ("a", "b") for p in ("lru", "flops")],
+              "snapshot_bytes": 10}
+    fig = pcr.replay_figure(replay, "t")
+    assert fig.get_size_inches()[0] <= 10 and len(fig.axes[0].patches) == 4
+    fig = cache_bytes_figure({"lfm2-350m": PRESETS["lfm2-350m"]}, contexts=(256, 1024), batches=(1, 4))
+    assert len(fig.axes) == 2
+    with pytest.raises(ValueError):
+        pcr.replay_figure({"rows": []}, "t")
+
+
+def test_precision_figure_is_log_log_with_the_rounding_line():
+    fig = pcr.precision_figure([("a", [1e-3, 1e-4, 1e-5])])
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log" and len(ax.lines) == 2
+    with pytest.raises(ValueError):
+        pcr.precision_figure([])
