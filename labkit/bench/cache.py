@@ -222,6 +222,42 @@ def run_workload(model: HybridLM, backend: str, name: str, requests: list[wl.Req
     return rows
 
 
+def measure_exchange_rate(model: HybridLM, backend: str = "reference", tokens: int = 256, snapshots: int = 16,
+                          repeats: int = 3) -> dict:
+    """Admission "paying"'s exchange rate on this machine: the FLOPs per second of ``backend``'s
+    prefill of ``tokens`` (counted as PrefixCache counts them, 2 x parameters per token) over the bytes
+    per second of storing ``snapshots`` snapshots' states (one multi-tensor copy, as a miss stores
+    them). Medians of ``repeats``; the device is synchronised around each timing."""
+    from ..decode.registry import make_decoder
+
+    device = model.device
+    decoder = make_decoder(backend, model, model.new_cache(1, tokens))
+    ids = torch.randint(0, model.cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0)).to(device)
+    states = [*decoder.cache.conv_states.values(), *decoder.cache.recurrent_states.values()]
+    dst = [[torch.empty_like(t[0]) for t in states] for _ in range(snapshots)]
+    src = [t[0] for t in states] * snapshots
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first call compiles
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    def prefill() -> None:
+        decoder.cache.reset()
+        decoder.prefill(ids)
+
+    flops = 2 * model.num_parameters() * tokens / timed(prefill)
+    nbytes = sum(t.numel() * t.element_size() for t in src)
+    copy_rate = nbytes / timed(lambda: torch._foreach_copy_([d for row in dst for d in row], src))
+    return {"flops_per_s": flops, "bytes_per_s": copy_rate, "exchange_rate": flops / copy_rate,
+            "device": device.type, "backend": backend, "tokens": tokens, "model": model.cfg.name}
+
+
 def measure_precision(model: HybridLM, backend: str, prompt: int, steps: int) -> PrecisionRow:
     row = PrecisionRow("precision", model.cfg.name, backend, prompt, steps, "bfloat16", 0, 0)
     try:
