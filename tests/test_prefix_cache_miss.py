@@ -105,9 +105,10 @@ class Launches(TorchDispatchMode):
 
 
 def _count(monkeypatch, fn):
-    counter = Launches(monkeypatch)
-    with torch.no_grad(), counter:
-        out = fn()
+    with monkeypatch.context() as patch:  # the interpreter's launcher is put back after each count
+        counter = Launches(patch)
+        with torch.no_grad(), counter:
+            out = fn()
     return counter, out
 
 
