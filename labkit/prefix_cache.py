@@ -13,11 +13,15 @@ node reached by blocks ``x[0:bs], x[bs:2bs], ..., x[(k-1)bs:k bs]`` holds the st
 tokens. :meth:`PrefixCache.prefill` finds the longest cached prefix, copies the path's KV blocks and
 the deepest node's conv and recurrent states into the decoder's cache, sets the lengths, and then
 prefills only the rest in one call of the decoder's prefill, reading the state at each block
-boundary inside it (no second pass): the conv windows from the conv's own inputs, the recurrent
-states from the chunk kernel's checkpoints (``checkpoints=`` of
-:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) when the decoder's delta rule is that kernel
-and the block is a multiple of its 64-token chunk, else by calling the delta rule piece by piece
-between boundaries; the KV blocks are sliced from the cache afterwards. A tail shorter than a block
+boundary inside it (no second pass) with the decoder's own kernels: the conv windows from the
+projection the conv is handed (the rows before each boundary: one small copy per layer), the
+recurrent states from the delta rule's checkpoints (``checkpoints=`` of
+:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`, or of the chunked reference) when the block
+is a multiple of its 64-token chunk, else by calling the delta rule piece by piece between
+boundaries; the KV blocks are sliced from the cache afterwards. Everything a call stores goes in
+one ``torch._foreach_copy_`` per dtype (a clone per tensor made a miss cost several prefills in
+launches). Under ``fused+graph`` a miss into a fresh cache is itself captured per prompt shape and
+replayed (:meth:`labkit.decode.Decoder.prefill_reading`). A tail shorter than a block
 after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
 captured per (restored length, tail length) (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`).
 A decoder that lends no cores (``prefill_cores()`` is None) is run block by block through its own
@@ -53,6 +57,19 @@ boundary already in the trie when it arrives (where a prompt sharing the same pr
 leave it again). Such a trie is mostly KV, a few times smaller for the same prompts; a restore stops
 only at a node with states, so a prompt whose chain of blocks does not fit the budget (the states
 come last, at its end) leaves nothing to restore.
+
+``"paying"`` stores every block's KV, and the states only at boundaries where a later hit would
+save more FLOPs (``flops_per_token * depth * block_size``) than storing them costs, counted as their
+bytes times the device's FLOPs-per-byte exchange rate (:data:`EXCHANGE_RATES`, ``exchange_rate=``):
+from :attr:`PrefixCache.paying_depth` blocks deep on. It is not the default: at chapter 03's shapes
+(blocks of 64 tokens or more; Qwen3.5-0.8B, LFM2-350M, the byte-level checkpoints; either rate)
+every boundary pays (``paying_depth`` is 1: on Qwen3.5-0.8B a 64-token block saves ~1e11 FLOPs
+against ~6e9 for its 19 MB of states at the cuda rate), so it stores what ``"every"`` stores; it
+declines snapshots only for small blocks of models with large states.
+
+First calls: ``PrefixCache(..., warm_up=decoder)`` (or :meth:`PrefixCache.warm_up`) runs a miss and a
+hit on a prompt of its own at construction (kernels compile, restore plans and graphs are made),
+then forgets it; ``warm_up_s`` is what it took.
 
 Policies: ``"lru"`` evicts the least recently used leaf. ``"flops"`` (after Marconi, Pan et al.
 2024: keep what saves most compute per byte) evicts the leaf with the fewest FLOPs saved per byte it
