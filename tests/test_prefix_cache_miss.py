@@ -249,3 +249,25 @@ def test_bad_admission_rate_and_warm_up_decoder_are_refused(model):
         labkit.PrefixCache(model, BS, math.inf, warm_up=make_decoder("reference", same_cfg, same_cfg.new_cache(1, 200)))
     with pytest.raises(TypeError, match="needs a labkit.decode.Decoder"):
         labkit.PrefixCache(model, BS, math.inf, warm_up="reference")
+
+
+def test_the_chunked_reference_hands_out_the_states_of_the_recurrence():
+    """Its checkpoints are the step-by-step recurrence's state after 64, 128, 192 of 200 tokens
+    (irregular: the last chunk is partial), from an initial state, with grouped value heads."""
+    from labkit.ops.delta_rule import delta_rule_chunked_ref, delta_rule_recurrent_ref
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, Hk, Hv, K, V = 2, 200, 2, 4, 16, 24
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, Hk, K, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(B, T, Hv, V, generator=gen)
+    g = -torch.rand(B, T, Hv, generator=gen) * 0.2
+    beta = torch.rand(B, T, Hv, generator=gen)
+    state = torch.randn(B, Hv, K, V, generator=gen) * 0.1
+    buf = torch.empty(B, T // 64, Hv, K, V)
+    out, final = delta_rule_chunked_ref(q, k, v, g, beta, state, checkpoints=buf, checkpoint_every=64)
+    for j, e in enumerate((64, 128, 192)):
+        _, want = delta_rule_recurrent_ref(q[:, :e], k[:, :e], v[:, :e], g[:, :e], beta[:, :e], state)
+        assert rel_err(buf[:, j], want) < 1e-5
+    assert torch.equal(out, delta_rule_chunked_ref(q, k, v, g, beta, state)[0])  # the walk is unchanged
+    with pytest.raises(ValueError, match="multiple of chunk_size=64"):
+        delta_rule_chunked_ref(q, k, v, g, beta, state, checkpoints=buf, checkpoint_every=48)
