@@ -13,11 +13,15 @@ node reached by blocks ``x[0:bs], x[bs:2bs], ..., x[(k-1)bs:k bs]`` holds the st
 tokens. :meth:`PrefixCache.prefill` finds the longest cached prefix, copies the path's KV blocks and
 the deepest node's conv and recurrent states into the decoder's cache, sets the lengths, and then
 prefills only the rest in one call of the decoder's prefill, reading the state at each block
-boundary inside it (no second pass): the conv windows from the conv's own inputs, the recurrent
-states from the chunk kernel's checkpoints (``checkpoints=`` of
-:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`) when the decoder's delta rule is that kernel
-and the block is a multiple of its 64-token chunk, else by calling the delta rule piece by piece
-between boundaries; the KV blocks are sliced from the cache afterwards. A tail shorter than a block
+boundary inside it (no second pass) with the decoder's own kernels: the conv windows from the
+projection the conv is handed (the rows before each boundary: one small copy per layer), the
+recurrent states from the delta rule's checkpoints (``checkpoints=`` of
+:func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`, or of the chunked reference) when the block
+is a multiple of its 64-token chunk, else by calling the delta rule piece by piece between
+boundaries; the KV blocks are sliced from the cache afterwards. Everything a call stores goes in
+one ``torch._foreach_copy_`` per dtype (a clone per tensor made a miss cost several prefills in
+launches). Under ``fused+graph`` a miss into a fresh cache is itself captured per prompt shape and
+replayed (:meth:`labkit.decode.Decoder.prefill_reading`). A tail shorter than a block
 after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
 captured per (restored length, tail length) (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`).
 A decoder that lends no cores (``prefill_cores()`` is None) is run block by block through its own
@@ -54,6 +58,19 @@ leave it again). Such a trie is mostly KV, a few times smaller for the same prom
 only at a node with states, so a prompt whose chain of blocks does not fit the budget (the states
 come last, at its end) leaves nothing to restore.
 
+``"paying"`` stores every block's KV, and the states only at boundaries where a later hit would
+save more FLOPs (``flops_per_token * depth * block_size``) than storing them costs, counted as their
+bytes times the device's FLOPs-per-byte exchange rate (:data:`EXCHANGE_RATES`, ``exchange_rate=``):
+from :attr:`PrefixCache.paying_depth` blocks deep on. It is not the default: at chapter 03's shapes
+(blocks of 64 tokens or more; Qwen3.5-0.8B, LFM2-350M, the byte-level checkpoints; either rate)
+every boundary pays (``paying_depth`` is 1: on Qwen3.5-0.8B a 64-token block saves ~1e11 FLOPs
+against ~6e9 for its 19 MB of states at the cuda rate), so it stores what ``"every"`` stores; it
+declines snapshots only for small blocks of models with large states.
+
+First calls: ``PrefixCache(..., warm_up=decoder)`` (or :meth:`PrefixCache.warm_up`) runs a miss and a
+hit on a prompt of its own at construction (kernels compile, restore plans and graphs are made),
+then forgets it; ``warm_up_s`` is what it took.
+
 Policies: ``"lru"`` evicts the least recently used leaf. ``"flops"`` (after Marconi, Pan et al.
 2024: keep what saves most compute per byte) evicts the leaf with the fewest FLOPs saved per byte it
 holds, with least recent use breaking ties. A hit on a node of depth ``k`` blocks saves the
@@ -73,10 +90,10 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from functools import partial
 from itertools import chain
 from typing import Any
 
@@ -87,10 +104,21 @@ from .weights import WeightsKey, weights_key, with_values
 from .decode.protocol import Decoder
 from .model import HybridLM
 from .config import is_int, is_real
-from .ops.mixers import MixerCores, gdn_inputs_ref, short_conv_ref
+from .ops.mixers import MixerCores
 
 POLICIES = ("lru", "flops")
-ADMISSIONS = ("every", "ends")
+ADMISSIONS = ("every", "ends", "paying")
+
+# Admission "paying": FLOPs a prefill does in the time it takes to store one byte of snapshot, per
+# device kind (the exchange rate between a hit's saved compute and a snapshot's copies). Data, each
+# with where it comes from; an unknown kind is refused (pass ``exchange_rate=`` instead):
+# - cuda: an H200 (DESIGN.md's table, 2026-11-29): the prefill's projections through cuBLAS at about
+#   620 TFLOP/s against a copy at 4.25 TB/s of read + write traffic, 2.125e12 bytes stored per second;
+# - cpu: the CPU machine labkit is developed on (2 cores, one thread, 2026-12-03): the reference
+#   prefill of byte-qwen3.5-6m, 256 tokens in float32, at 1.1-1.2e10 FLOP/s against 16 snapshots'
+#   states stored at 0.8-1.0e10 bytes/s: 1.13 and 1.43 in two runs
+#   (:func:`labkit.bench.cache.measure_exchange_rate`, which any machine can re-run).
+EXCHANGE_RATES = {"cuda": 620e12 / 2.125e12, "cpu": 1.3}
 
 
 def _same_objects(a: tuple, b: tuple) -> bool:
@@ -154,9 +182,11 @@ class _Node:
             self._kv_rows = (held, [row for t in held for row in t.unbind(0)])
         return self._kv_rows[1]
 
-    def attach_states(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
-        self.conv_states = {i: s.clone() for i, s in conv.items()}
-        self.recurrent_states = {i: s.clone() for i, s in recurrent.items()}
+    def attach_states(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor],
+                      copies: "_Copies") -> None:
+        """Room for the states, queued on ``copies`` from ``conv`` and ``recurrent`` (layer -> state)."""
+        self.conv_states = dict(zip(conv, copies.add(list(conv.values()))))
+        self.recurrent_states = dict(zip(recurrent, copies.add(list(recurrent.values()))))
         self.has_states = True
 
     def tensors(self) -> list[torch.Tensor]:
@@ -165,6 +195,43 @@ class _Node:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+class _Copies:
+    """The copies that store one call's snapshots, run as one ``torch._foreach_copy_`` per dtype
+    (:meth:`run`) instead of a clone per tensor: a miss on Qwen3.5-0.8B stores 16 nodes of ~50
+    tensors, and every clone is a launch. :meth:`add` gives each source a destination of its own
+    (an allocation, no launch: a node's memory goes when it is evicted, not when its siblings are);
+    a destination must not be read before :meth:`run`. Sources are split into contiguous rows where they are not contiguous, so the
+    multi-tensor copy keeps its fast path."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[torch.Tensor, list]] = []  # (source, the slot its destination goes in)
+        self.launches = 0  # multi-tensor copies run (for the tests and the benchmark's counts)
+
+    def add(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Destinations for ``sources``, each of its source's shape and dtype, filled by :meth:`run`."""
+        out = []
+        for src in sources:
+            dst = torch.empty(src.shape, dtype=src.dtype, device=src.device)
+            out.append(dst)
+            self._pending.append((src, dst))
+        return out
+
+    def run(self) -> None:
+        groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for src, dst in self._pending:
+            dsts, srcs = groups.setdefault(src.dtype, ([], []))
+            if src.is_contiguous():
+                dsts.append(dst)
+                srcs.append(src)
+            else:  # rows along the first dim: a KV block's heads, a conv window's rows
+                dsts.extend(dst.unbind(0))
+                srcs.extend(src.unbind(0))
+        for dsts, srcs in groups.values():
+            torch._foreach_copy_(dsts, srcs)
+            self.launches += 1
+        self._pending.clear()
 
 
 _SNAPSHOT_DICTS = operator.attrgetter("keys", "values", "conv_states", "recurrent_states")
@@ -227,6 +294,21 @@ class PrefixPrefill:
     row_hits: list[int]  # tokens each row had cached (before taking the batch's shortest)
 
 
+def _exchange_rate(device: torch.device, given: Any) -> float:
+    """The FLOPs-per-byte exchange rate of admission "paying": ``given``, else the device kind's."""
+    if given is not None:
+        if not is_real(given) or not given > 0 or math.isinf(given):
+            raise ValueError(f"exchange_rate must be a positive number of FLOPs per byte, got {given!r}")
+        return float(given)
+    if device.type not in EXCHANGE_RATES:
+        raise ValueError(
+            f"admission 'paying' has no FLOPs-per-byte exchange rate for device kind {device.type!r} (known: "
+            f"{', '.join(EXCHANGE_RATES)}): measure one (labkit.bench.cache.measure_exchange_rate) and pass "
+            "exchange_rate="
+        )
+    return EXCHANGE_RATES[device.type]
+
+
 def _check_arguments(model: Any, block_size: Any, budget_bytes: Any) -> None:
     """PrefixCache's model, block size and budget, refused by name before anything is made."""
     if not isinstance(model, HybridLM):
@@ -260,13 +342,15 @@ class PrefixCache:
     PLANS_PER_CACHE = 64  # restore plans kept per cache (least recently used dropped)
 
     def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
-                 admission: str = "every") -> None:
+                 admission: str = "every", *, exchange_rate: float | None = None,
+                 warm_up: Decoder | None = None) -> None:
         _check_arguments(model, block_size, budget_bytes)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; available: {', '.join(POLICIES)}")
         if admission not in ADMISSIONS:
             raise ValueError(f"unknown admission {admission!r}; available: {', '.join(ADMISSIONS)}")
         self.admission = admission
+        self.exchange_rate = _exchange_rate(model.device, exchange_rate) if admission == "paying" else exchange_rate
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self._weights = weights_key(model)
         # every model object accepted, with the key it was accepted at (the first: the one given here)
@@ -290,6 +374,38 @@ class PrefixCache:
         self._plans_key = ("labkit.PrefixCache.plans", object())
         self._plan_tables: weakref.WeakSet[_PlanTable] = weakref.WeakSet()
         weakref.finalize(self, _clear_tables, self._plan_tables)
+        self.last_copies: _Copies | None = None  # the latest prefill's snapshot copies (their launches)
+        self.warm_up_s: float | None = None
+        if warm_up is not None:
+            self.warm_up(warm_up)
+
+    @property
+    def paying_depth(self) -> int:
+        """Admission "paying": the shallowest boundary (in blocks) whose states are stored, the first
+        where the FLOPs a hit there saves (``flops_per_token * depth * block_size``) exceed the states'
+        bytes times the device's exchange rate (:data:`EXCHANGE_RATES`)."""
+        cost = self.exchange_rate * self._states_bytes
+        return max(1, math.floor(cost / (self.flops_per_token * self.block_size)) + 1)
+
+    @torch.no_grad()
+    def warm_up(self, decoder: Decoder) -> float:
+        """Pay the first call's costs now (kernels compile, the miss's and the hit's paths run once,
+        a ``fused+graph`` decoder captures its continuation prefill) on a prompt of its own, then
+        forget it: the trie is empty again and the decoder's cache reset. Returns (and keeps as
+        ``warm_up_s``) the seconds it took. The decoder must run this cache's model (else the
+        error :meth:`prefill` gives)."""
+        room = getattr(getattr(decoder, "cache", None), "max_len", 1)
+        ids = (torch.arange(min(2 * self.block_size + 1, room), dtype=torch.int64) % self.cfg.vocab_size)[None]
+        self._check(decoder, ids)  # a decoder of another model is refused before anything runs
+        t0 = time.perf_counter()
+        for _ in range(2):  # a miss that stores snapshots, then a hit that restores them
+            self.prefill(decoder, ids.to(self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.clear()
+        decoder.cache.reset()
+        self.warm_up_s = time.perf_counter() - t0
+        return self.warm_up_s
 
     def _snapshot_bytes(self) -> int:
         """The bytes of one snapshot, from the cache's own layout (a one-sequence, one-block cache)."""
@@ -441,35 +557,50 @@ class PrefixCache:
         count = (T - start) // bs
         if self.admission == "every":
             admit = [set(range(count)) for _ in paths]
+        elif self.admission == "paying":  # boundaries deep enough that a hit there pays for the copies
+            admit = [set(range(max(0, self.paying_depth - hit_blocks - 1), count)) for _ in paths]
         else:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if start and T - start < bs:
             # no boundary to read: replayable (fused+graph); the ids and the weights were checked here already
             logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key)
             return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
-        # the decoder's cores, with the chunk kernel's state checkpoints at the block boundaries if it takes them
-        multiple, checkpoints = decoder.checkpoint_multiple, []
-        if count and multiple and bs % multiple == 0:
-            base = decoder.prefill_cores(bs, checkpoints)
+        copies = self.last_copies = _Copies()
+        if not start and not count:  # nothing to read or restore: the decoder's own prefill (replayable)
+            return PrefixPrefill(logits=decoder.prefill(input_ids), restored=0, row_hits=row_hits)
+        # the delta rule's state checkpoints at the block boundaries, where the decoder's rule takes them
+        multiple = decoder.checkpoint_multiple
+        every = bs if count and multiple and bs % multiple == 0 else None
+        read = base = None
+        if not start:  # a miss into a fresh cache: the rung may run it as its own prefill (fused+graph: replayed)
+            read = decoder.prefill_reading(input_ids, every,
+                                           lambda cores, taken: _BoundaryStates(cores, taken, cache, bs, count))
+        if read is not None:
+            logits, boundaries = read
         else:
-            base, checkpoints = decoder.prefill_cores(), None
-        if base is None:  # it lends none: its own prefill, block by block
-            logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit)
-        else:  # one prefill of the rest, the states at its block boundaries read while it runs
-            boundaries = _BoundaryStates(base, checkpoints, cache, bs, count)
-            logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
+            checkpoints = [] if every else None
+            base = decoder.prefill_cores(every, checkpoints) if every else decoder.prefill_cores()
+            if base is None:  # it lends none: its own prefill, block by block
+                logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit,
+                                                      copies)
+            else:  # one prefill of the rest, the states at its block boundaries read while it runs
+                boundaries = _BoundaryStates(base, checkpoints, cache, bs, count)
+                logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
+        if read is not None or base is not None:
             for j in range(boundaries.count):
                 at = start + j * bs
                 for r in range(B):
                     conv, recurrent = boundaries.row(r, j) if j in admit[r] else ({}, {})
                     current[r] = self._snapshot(cache, r, current[r], keys[r][at // bs], pinned,
-                                                conv, recurrent, j in admit[r])
+                                                conv, recurrent, j in admit[r], copies)
+            copies.run()
         return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
 
     def _prefill_block_by_block(self, decoder: Decoder, cache: HybridCache, input_ids: torch.Tensor, keys: list,
-                                pos: int, current: list, pinned: set[int], admit: list[set[int]]) -> torch.Tensor:
+                                pos: int, current: list, pinned: set[int], admit: list[set[int]],
+                                copies: _Copies) -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
-        boundary's state read from the cache after the block."""
+        boundary's state read from the cache after the block (and copied before the next block moves it)."""
         bs, (B, T) = self.block_size, input_ids.shape
         first = pos
         while pos < T:
@@ -481,7 +612,8 @@ class PrefixCache:
                     recurrent = {i: s[r] for i, s in cache.recurrent_states.items()}
                     states = (pos - first) // bs in admit[r]
                     current[r] = self._snapshot(cache, r, current[r], keys[r][pos // bs], pinned,
-                                                conv, recurrent, states)
+                                                conv, recurrent, states, copies)
+                copies.run()
             pos = end
         return logits
 
@@ -609,31 +741,31 @@ class PrefixCache:
 
     # -- storing and eviction ------------------------------------------------------------------------
     def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: bytes, pinned: set[int],
-                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor], states: bool = True) -> _Node | None:
-        """The node for row ``r`` after ``block`` below ``parent``: found, or stored now from the cache's
+                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor], states: bool,
+                  copies: _Copies) -> _Node | None:
+        """The node for row ``r`` after ``block`` below ``parent``: found, or made now for the cache's
         KV of that block and, with ``states``, the row's states at the boundary (``conv``, ``recurrent``:
-        layer -> state; a node found without states gets them)."""
+        layer -> state; a node found without states gets them). What it stores is queued on
+        ``copies``: the caller runs them before the sources change."""
         if parent is None:
             return None
         node = parent.children.get(block)
         if node is not None and states and not node.has_states:
             if self._make_room(pinned | {id(node)}, self._states_bytes):
                 before = node.nbytes
-                node.attach_states(conv, recurrent)
+                node.attach_states(conv, recurrent, copies)
                 self.nbytes += node.nbytes - before
         if node is None:
             if not self._make_room(pinned, self.snapshot_bytes if states else self.snapshot_bytes - self._states_bytes):
                 return None
             depth = parent.depth + 1
             at = slice((depth - 1) * self.block_size, depth * self.block_size)
-            node = _Node(
-                parent=parent, block=block, depth=depth,
-                keys={i: k[r, :, at].clone() for i, k in cache.keys.items()},
-                values={i: v[r, :, at].clone() for i, v in cache.values.items()},
-                has_states=states,
-            )
+            layers = list(cache.keys)
+            kv = copies.add([cache.keys[i][r, :, at] for i in layers] + [cache.values[i][r, :, at] for i in layers])
+            node = _Node(parent=parent, block=block, depth=depth, keys=dict(zip(layers, kv[:len(layers)])),
+                         values=dict(zip(layers, kv[len(layers):])), has_states=states)
             if states:
-                node.attach_states(conv, recurrent)
+                node.attach_states(conv, recurrent, copies)
             parent.children[block] = node
             self.nbytes += node.nbytes
         node.last_used = self._clock
@@ -686,16 +818,21 @@ class PrefixCache:
 
 class _BoundaryStates:
     """The conv windows and recurrent states at the block boundaries of one prefill call, read while it
-    runs: ``cores`` wrap the decoder's own prefill cores ``base`` (:meth:`Decoder.prefill_cores`), which
-    append the chunk kernel's state checkpoints to ``checkpoints`` (None: they take none).
+    runs: ``cores`` wrap the decoder's own prefill cores ``base`` (:meth:`Decoder.prefill_cores`), whose
+    delta rule appends its state checkpoints to ``checkpoints`` (None: it takes none).
 
-    The model calls the conv core once per conv or GDN layer and the delta rule once per GDN layer,
-    in layer order, so the n-th call belongs to the n-th such layer of the cache. A conv window after
-    ``e`` tokens is rows ``e .. e+K-2`` of (old window, new inputs): the inputs are all in hand.
-    A recurrent state comes from the chunk kernel's checkpoints when the decoder's delta rule takes
-    them and the block is a multiple of its chunk (one walk, no re-run); otherwise the delta rule
-    is called piece by piece between boundaries (the same function, rounded as a block-by-block
-    prefill would be) and the state is read between the pieces.
+    The model calls ``short_conv`` or ``gdn_inputs`` once per conv or GDN layer and the delta rule
+    once per GDN layer, in layer order, so the n-th call belongs to the n-th such layer of the cache.
+    Both keep the decoder's own implementation (fused kernels stay fused): a conv window after ``e``
+    tokens is rows ``e .. e+K-2`` of (old window, the conv's inputs), and the inputs are in the
+    projection they are handed: Gated DeltaNet's raw q|k|v columns, LFM2's B * x (one product over
+    the K-1 rows before each boundary, rounded to the projection's dtype as the conv rounds it).
+    Where a block is at least K-1 tokens the windows are those rows alone, one gather per layer;
+    a shorter block also reaches into the old window, read before the core updates it.
+    A recurrent state comes from the delta rule's checkpoints when the decoder's rule takes them and
+    the block is a multiple of its chunk (one walk, no re-run); otherwise the delta rule is called
+    piece by piece between boundaries (the same function, rounded as a block-by-block prefill
+    would be) and the state is read between the pieces.
     """
 
     def __init__(self, base: MixerCores, checkpoints: list[torch.Tensor] | None, cache: HybridCache, every: int,
@@ -708,22 +845,55 @@ class _BoundaryStates:
         self.from_kernel = checkpoints is not None
         self._checkpoints = checkpoints
         self.base = base
-        # the base's kernels stay, except the two that hold a conv: their references call this conv
-        self.cores = replace(self.base, delta_rule=self._delta_rule, conv=self._conv,
-                             short_conv=partial(short_conv_ref, conv=self._conv),
-                             gdn_inputs=partial(gdn_inputs_ref, conv=self._conv))
+        self.cores = replace(base, delta_rule=self._delta_rule, short_conv=self._short_conv,
+                             gdn_inputs=self._gdn_inputs)
+
+    def begin(self) -> None:
+        """Before each forward through ``cores`` (a captured one runs it for its warm-up and again for
+        its capture): the calls are counted from the first layer again, and the checkpoints of an
+        earlier forward are dropped."""
+        self._conv_calls = self._gdn_calls = 0
+        if self._checkpoints is not None:
+            self._checkpoints.clear()
 
     def _ends(self) -> list[int]:
         return [self.every * (j + 1) for j in range(self.count)]
 
-    def _conv(self, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
+    def _windows(self, inputs, proj: torch.Tensor, state: torch.Tensor, width: int) -> torch.Tensor:
+        """[B, count, width, C] windows at the boundaries, in ``state``'s dtype, from the projection
+        ``proj`` [B, T, P] whose rows ``inputs`` maps to the conv's inputs [..., C]."""
+        bs, n = self.every, self.count
+        if bs >= width:  # the rows before each boundary, all inside the call: a strided view, one copy
+            rows = proj[:, : n * bs].reshape(proj.shape[0], n, bs, proj.shape[-1])[:, :, bs - width:]
+            return inputs(rows).to(state.dtype).contiguous()
+        u = torch.cat((state.to(proj.dtype), inputs(proj)), dim=1)
+        return torch.stack([u[:, e : e + width] for e in self._ends()], dim=1).to(state.dtype)
+
+    def _next_conv_layer(self) -> int:
         layer = self._conv_layers[self._conv_calls]
         self._conv_calls += 1
-        y, new_state = self.base.conv(x, weight, state)
+        return layer
+
+    def _short_conv(self, proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, **kwargs):
+        layer = self._next_conv_layer()
         if self.count:
-            u, width = torch.cat((state.to(x.dtype), x), dim=1), weight.shape[1] - 1
-            self.conv[layer] = torch.stack([u[:, e : e + width] for e in self._ends()], dim=1).to(state.dtype)
-        return y, new_state
+            H = proj.shape[-1] // 3
+            if state is None:
+                state = proj.new_zeros(proj.shape[0], weight.shape[1] - 1, H)
+            # B * x, rounded to the projection's dtype: short_conv_ref's conv input
+            self.conv[layer] = self._windows(lambda x: x[..., :H] * x[..., 2 * H:], proj, state, weight.shape[1] - 1)
+        return self.base.short_conv(proj, state, weight, **kwargs)
+
+    def _gdn_inputs(self, proj: torch.Tensor, conv_state: torch.Tensor | None, conv_weight: torch.Tensor, *args,
+                    **kwargs):
+        layer = self._next_conv_layer()
+        if self.count:
+            C = args[-1].conv_dim if args else kwargs["dims"].conv_dim
+            if conv_state is None:
+                conv_state = proj.new_zeros(proj.shape[0], conv_weight.shape[1] - 1, C)
+            # the raw q|k|v columns: gdn_inputs_ref's conv input
+            self.conv[layer] = self._windows(lambda x: x[..., :C], proj, conv_state, conv_weight.shape[1] - 1)
+        return self.base.gdn_inputs(proj, conv_state, conv_weight, *args, **kwargs)
 
     def _delta_rule(self, q, k, v, g, beta, state=None):
         layer = self._gdn_layers[self._gdn_calls]
@@ -747,6 +917,7 @@ class _BoundaryStates:
 
     def row(self, r: int, j: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Row ``r``'s conv windows and recurrent states at boundary ``j`` (after (j+1) blocks of the call)."""
-        if self._conv_calls != len(self._conv_layers) or self._gdn_calls != len(self._gdn_layers):
+        if self._conv_calls != len(self._conv_layers) or self._gdn_calls != len(self._gdn_layers) \
+                or len(self.conv) != len(self._conv_layers):
             raise RuntimeError("the prefill did not call every layer's conv and delta rule once: no snapshot taken")
         return ({i: s[r, j] for i, s in self.conv.items()}, {i: s[r, j] for i, s in self.recurrent.items()})

@@ -5,8 +5,10 @@ Three experiments, each row checked against the run without a prefix cache:
 - ``ttft``: one shared prefix + a fresh suffix per request, batch 1. Time to first token as
   ``labkit.generate`` reports it (host clock, device synchronised, prefill + first token) without a
   prefix cache, on the first request (a miss that stores the snapshots), on the first hit (with
-  ``fused+graph``: captures the tail's prefill) and on later hits (median); the greedy tokens of every
-  hit are compared with the run without a cache. A prefix shorter than one block is one of the cases.
+  ``fused+graph``: captures the tail's prefill), on later hits (median) and on later misses (median,
+  prompts of the same length that share nothing); the greedy tokens of every hit are compared with
+  the run without a cache. A prefix shorter than one block is one of the cases. ``--warm-up``: the
+  first call's compiles and captures are paid at ``PrefixCache(..., warm_up=decoder)``, timed apart.
 - ``workload``: the request streams of :mod:`labkit.lab.workloads` (shared system prompt, multi-turn
   chats, unrelated prompts) run in order through one PrefixCache per (policy, budget): token hit
   rate, the ceiling an unbounded cache would reach, TTFT, evictions, token mismatches.
@@ -55,6 +57,12 @@ class TtftRow:
     snapshot_bytes: int  # bytes the cache holds after the run
     error: str | None = None
     dtype: str = ""  # the model's: bf16 rounding can flip near-tied greedy tokens that float32 keeps
+    # --warm-up: PrefixCache(..., warm_up=decoder) before the first request (its compiles and captures,
+    # paid once), NaN without; the miss's steady state: the median of ``repeats`` later misses (prompts
+    # of the same length sharing nothing) through a PrefixCache of their own, beside ttft_nocache_ms
+    warm_up_ms: float = float("nan")
+    ttft_miss_steady_ms: float = float("nan")
+    miss_over_nocache: float = float("nan")  # ttft_miss_steady_ms / ttft_nocache_ms (the target: <= 1.1)
 
 
 @dataclass
@@ -116,8 +124,10 @@ def _ids(tokens, device) -> torch.Tensor:
 
 
 def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_size: int, repeats: int = 5,
-              new_tokens: int = 8, budget_bytes: int | None = None) -> TtftRow:
-    """TTFT without a cache and with hits on a shared ``prefix`` (module docstring)."""
+              new_tokens: int = 8, budget_bytes: int | None = None, warm_up: bool = False) -> TtftRow:
+    """TTFT without a cache, with a miss (the first request and, steady, later misses) and with hits
+    on a shared ``prefix`` (module docstring); ``warm_up``: the PrefixCache warms its decoder up at
+    construction, timed apart."""
     vocab, device = model.cfg.vocab_size, model.device
     reqs = wl.shared_prefix(repeats + 3, prefix, suffix, vocab, seed=prefix + suffix)
     row = TtftRow("ttft", model.cfg.name, backend, block_size, prefix, suffix, 0, *[float("nan")] * 8, 0, 0, 0, 0,
@@ -131,7 +141,11 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
             want.append(out.tokens)
         need = (prefix + suffix) // block_size + 1
         probe = PrefixCache(model, block_size, budget_bytes=2**62)
-        pc = PrefixCache(model, block_size, budget_bytes or need * probe.snapshot_bytes)
+        budget = budget_bytes or need * probe.snapshot_bytes
+        pooled, _ = pooled_decoder(backend, model, 1, prefix + suffix + new_tokens)  # the one generate leases
+        pc = PrefixCache(model, block_size, budget, warm_up=pooled if warm_up else None)
+        if warm_up:
+            row.warm_up_ms = _ms(pc.warm_up_s)
         times, restored, mismatches, hits = [], 0, 0, 0
         for i, r in enumerate(reqs):
             out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend, prefix_cache=pc)
@@ -164,6 +178,15 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
         row.ttft_hit_ms = _ms(statistics.median(times[2:]))
         row.speedup = row.ttft_nocache_ms / row.ttft_hit_ms
         row.snapshots, row.snapshot_bytes = len(pc), pc.nbytes
+        fresh = PrefixCache(model, block_size, budget)
+        misses = []
+        for r in wl.unrelated(repeats, prefix + suffix, vocab, seed=prefix + suffix + 1):
+            out = generate(model, _ids(r.tokens, device), new_tokens, backend=backend, prefix_cache=fresh)
+            if out.prefix_hit:
+                raise RuntimeError("an unrelated prompt hit: the steady misses are not misses")
+            misses.append(out.ttft_s)
+        row.ttft_miss_steady_ms = _ms(statistics.median(misses))
+        row.miss_over_nocache = row.ttft_miss_steady_ms / row.ttft_nocache_ms
     except Exception as exc:  # noqa: BLE001 - a failed case is a row that says so
         row.error = f"{type(exc).__name__}: {exc}"
     return row
@@ -222,6 +245,42 @@ def run_workload(model: HybridLM, backend: str, name: str, requests: list[wl.Req
     return rows
 
 
+def measure_exchange_rate(model: HybridLM, backend: str = "reference", tokens: int = 256, snapshots: int = 16,
+                          repeats: int = 3) -> dict:
+    """Admission "paying"'s exchange rate on this machine: the FLOPs per second of ``backend``'s
+    prefill of ``tokens`` (counted as PrefixCache counts them, 2 x parameters per token) over the bytes
+    per second of storing ``snapshots`` snapshots' states (one multi-tensor copy, as a miss stores
+    them). Medians of ``repeats``; the device is synchronised around each timing."""
+    from ..decode.registry import make_decoder
+
+    device = model.device
+    decoder = make_decoder(backend, model, model.new_cache(1, tokens))
+    ids = torch.randint(0, model.cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0)).to(device)
+    states = [*decoder.cache.conv_states.values(), *decoder.cache.recurrent_states.values()]
+    dst = [[torch.empty_like(t[0]) for t in states] for _ in range(snapshots)]
+    src = [t[0] for t in states] * snapshots
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first call compiles
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    def prefill() -> None:
+        decoder.cache.reset()
+        decoder.prefill(ids)
+
+    flops = 2 * model.num_parameters() * tokens / timed(prefill)
+    nbytes = sum(t.numel() * t.element_size() for t in src)
+    copy_rate = nbytes / timed(lambda: torch._foreach_copy_([d for row in dst for d in row], src))
+    return {"flops_per_s": flops, "bytes_per_s": copy_rate, "exchange_rate": flops / copy_rate,
+            "device": device.type, "backend": backend, "tokens": tokens, "model": model.cfg.name}
+
+
 def measure_precision(model: HybridLM, backend: str, prompt: int, steps: int) -> PrecisionRow:
     row = PrecisionRow("precision", model.cfg.name, backend, prompt, steps, "bfloat16", 0, 0)
     try:
@@ -241,7 +300,9 @@ def print_row(r) -> None:
     elif isinstance(r, TtftRow):
         print(f"{'ttft':>9} {r.model:>14} {r.backend:>12} bs={r.block_size:<4} {r.prefix}+{r.suffix}: restored {r.restored}, "
               f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
-              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); mismatches {r.mismatches}/{r.hits} hits; "
+              f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); "
+              f"steady miss {r.ttft_miss_steady_ms:.2f} ms ({r.miss_over_nocache:.2f}x no cache); warm-up {r.warm_up_ms:.0f} ms; "
+              f"mismatches {r.mismatches}/{r.hits} hits; "
               f"logits vs one-shot: hit {r.logit_err_hit:.1e}, split prefill without cache {r.logit_err_split:.1e}")
     elif isinstance(r, WorkloadRow):
         print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>10} budget {r.budget_snapshots:g} "
@@ -283,7 +344,8 @@ def run_cache_bench(args, device: str) -> list:
             if "ttft" in args.experiments:
                 for case in cases:
                     prefix, suffix, bs = (int(x) for x in case.split(":"))
-                    rows.append(time_ttft(model, backend, prefix, suffix, bs, args.repeats))
+                    rows.append(time_ttft(model, backend, prefix, suffix, bs, args.repeats,
+                                          warm_up=getattr(args, "warm_up", False)))
                     print_row(rows[-1])
             if "workload" in args.experiments and backend == backends[-1]:
                 for wname, reqs in workload_streams(model.cfg.vocab_size, "gpu" if gpu else "cpu").items():

@@ -143,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--workloads", nargs="+", default=None, help="shared-prefix, multi-turn, unrelated (default: all)")
     c.add_argument("--steps", type=positive_int, default=None, help="precision: decode steps (default 1000 GPU, 30 CPU)")
     c.add_argument("--repeats", type=positive_int, default=5)
+    c.add_argument("--warm-up", action="store_true",
+                   help="ttft: pay the first call's compiles and captures at PrefixCache(..., warm_up=decoder), "
+                        "reported apart (warm_up_ms) from the first miss and hit after it and the steady state")
     c.add_argument("--device", default="auto")
     c.add_argument("--name", required=True, type=results_name, help="results go to data/bench/<gpu>/<name>.json")
     c.add_argument("--data-dir", type=Path, default=DATA_DIR)

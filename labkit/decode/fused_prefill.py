@@ -17,7 +17,8 @@ length (the last ``graphs`` lengths kept), once a length comes back (``capture_a
 ``tuning.settings("fused_prefill")``): it pays an eager warm-up and the capture once, later prompts of that
 length replay it, without the host's launch overhead. A prompt that continues cached sequences
 (a prompt's tail after a restored prefix, :meth:`FusedPrefill.prefill_continuation`) is captured
-per (cached length, tail length) and replayed.
+per (cached length, tail length) and replayed, and so is a miss of :class:`labkit.PrefixCache`
+(:meth:`FusedPrefill.prefill_reading`: the prefill with its block boundaries read, per prompt shape).
 """
 
 from __future__ import annotations
@@ -146,11 +147,15 @@ class FusedPrefill:
         self._prefill_seen: OrderedDict[int, int] = OrderedDict()  # how often each length came (the last 64)
         self.prefill_captures = 0
         self.last_prefill_capture_s: float | None = None  # warm-up + capture of the latest new length
+        # PrefixCache's misses (prefill_reading): (shape, checkpoint_every) -> (its captured prefill, reader)
+        self._reading_graphs: OrderedDict[tuple, tuple[PrefillGraph, Any]] = OrderedDict()
+        self._reading_seen: OrderedDict[tuple, int] = OrderedDict()
 
     def _forget_prefills(self) -> None:
         """Drop every captured prefill: they bind the plan's weights, which a refresh replaces."""
         self._continuations = {}
         self._prefill_graphs.clear()
+        self._reading_graphs.clear()
 
     def prefill_cores(self, checkpoint_every: int | None = None,
                       checkpoints: list[torch.Tensor] | None = None) -> MixerCores:
@@ -201,8 +206,47 @@ class FusedPrefill:
         cache.advance_host(T)  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
 
+    @torch.no_grad()
+    def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
+                        reader: Any) -> tuple[torch.Tensor, Any] | None:
+        """A prefill into a fresh cache through the cores ``reader(cores, checkpoints)`` wraps (what
+        :class:`labkit.PrefixCache` reads a miss's block boundaries with), captured and replayed as
+        :meth:`prefill` is: under fused+graph, per (prompt shape, ``checkpoint_every``) once it comes
+        for the ``capture_at``-th time; the reader of the capture is returned with the logits, its
+        tensors rewritten by every replay (read them before the next). None where it is not
+        captured (no graph, a cache holding tokens, a shape not yet due): the caller runs it eagerly."""
+        cache = self.cache
+        if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
+            return None
+        self.refresh()
+        self.model._check_input(input_ids, cache)
+        key = (tuple(input_ids.shape), checkpoint_every)
+        self._reading_seen[key] = self._reading_seen.pop(key, 0) + 1
+        while len(self._reading_seen) > 64:
+            self._reading_seen.popitem(last=False)
+        entry = self._reading_graphs.get(key)
+        if entry is None and self._reading_seen[key] < self.prefill_policy["capture_at"]:
+            return None
+        if entry is None:
+            t0 = time.perf_counter()
+            checkpoints: list[torch.Tensor] | None = [] if checkpoint_every else None
+            read = reader(self.prefill_cores(checkpoint_every, checkpoints), checkpoints)
+            graph = self._capture_prefill(input_ids, read.cores, before=read.begin)
+            entry = self._reading_graphs[key] = (graph, read)
+            self.last_prefill_capture_s = time.perf_counter() - t0
+            self.prefill_captures += 1
+            while len(self._reading_graphs) > self.prefill_policy["graphs"]:
+                self._reading_graphs.popitem(last=False)
+        self._reading_graphs.move_to_end(key)
+        graph, read = entry
+        graph.ids.copy_(input_ids)
+        graph.graph.replay()
+        cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+        return graph.out["logits"][:, -1], read
+
     @torch.inference_mode(False)  # its ``ids`` are written by later replays, in any mode
-    def _capture_prefill(self, input_ids: torch.Tensor) -> "PrefillGraph":
+    def _capture_prefill(self, input_ids: torch.Tensor, cores: MixerCores | None = None,
+                         before: Callable[[], None] | None = None) -> "PrefillGraph":
         """Warm up (kernels compile) and capture the prefill of ``input_ids``' shape into this cache
         as it stands (fresh, or holding a restored prefix). The warm-up writes the cache: its states
         and device lengths are put back after it, and the host lengths never move (``run`` puts them
@@ -210,9 +254,11 @@ class FusedPrefill:
         cache, model, device = self.cache, self.model, self.model.device
         ids = input_ids.clone()
         out: dict[str, torch.Tensor] = {}
-        cores = self.prefill_cores()
+        cores = self.prefill_cores() if cores is None else cores
 
         def run() -> None:
+            if before is not None:
+                before()
             host = list(cache.host_lengths)
             out["logits"] = model.forward_checked(ids, cache, last_only=True, cores=cores)
             cache._host_lengths = host

@@ -16,6 +16,13 @@ decoder's attributes: a rung overrides what it does better than the default.
   ``prefill_cores`` can honour (state checkpoints from the chunk kernel's walk); ``None``: none.
 - ``prefill_continuation(input_ids, ids_checked=, weights=)``: a prompt that continues the cached
   sequences (the tail after a restored prefix); default: :meth:`prefill`.
+- ``prefill_reading(input_ids, checkpoint_every, reader) -> (logits, read) | None``: a prefill into a
+  fresh cache through cores that ``reader(cores, checkpoints)`` wraps (PrefixCache's boundary
+  reader; it returns an object with ``.cores`` and ``.begin()``, called before each forward), run
+  the way the rung runs its own prefill (``fused+graph``: captured per prompt shape and replayed,
+  the reader's tensors then being the graph's outputs, rewritten by each replay). ``None`` (the
+  default, and a rung's answer when it would not capture this call): the caller runs the forward
+  itself, eagerly, with ``prefill_cores``.
 - ``hopper_features``: the features of :mod:`labkit.ops.features` (``"pdl"``, ``"bulk_prefetch"``,
   ...: sm_90 and newer) that this decoder's kernels use; empty (the default) for a rung that uses
   none. A rung decides at construction: on a GPU without a feature it takes its path without it, or
@@ -65,6 +72,10 @@ class Decoder:
     def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
                              weights: Any = None) -> torch.Tensor:
         return self.prefill(input_ids)
+
+    def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
+                        reader: Any) -> tuple[torch.Tensor, Any] | None:
+        return None
 
     @property
     def checked_weights(self) -> Any:

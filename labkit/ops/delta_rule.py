@@ -75,8 +75,16 @@ def delta_rule_chunked_ref(
     beta: torch.Tensor,
     state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    checkpoints: torch.Tensor | None = None,
+    checkpoint_every: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`delta_rule_recurrent_ref`, computed a chunk at a time."""
+    """Same contract as :func:`delta_rule_recurrent_ref`, computed a chunk at a time.
+
+    With ``checkpoints`` [B, T // checkpoint_every, Hv, K, V] (float32, ``checkpoint_every`` a
+    multiple of ``chunk_size``), the state after every ``checkpoint_every`` tokens is also written
+    there, as the chunk kernel's ``checkpoints=`` does (the walk passes those states anyway)."""
+    if checkpoints is not None and (not checkpoint_every or checkpoint_every % chunk_size):
+        raise ValueError(f"checkpoint_every must be a multiple of chunk_size={chunk_size}, got {checkpoint_every}")
     B, T, Hv, Vd = v.shape
     Kd = k.shape[-1]
     C = chunk_size
@@ -119,10 +127,15 @@ def delta_rule_chunked_ref(
 
     S = q.new_zeros(B, Hv, Kd, Vd) if state is None else state.float().clone()
     out = q.new_empty(B, Hv, n, C, Vd)
+    saved: list[torch.Tensor] = []
     for i in range(n):
         U = U0[:, :, i] - W[:, :, i] @ S
         out[:, :, i] = q_decayed[:, :, i] @ S + attn[:, :, i] @ U
         S = chunk_decay[:, :, i, None, None] * S + k_to_end[:, :, i].transpose(-1, -2) @ U
+        if checkpoints is not None and ((i + 1) * C) % checkpoint_every == 0 and (i + 1) * C <= T:
+            saved.append(S)  # S is a new tensor at every chunk: kept, not copied
+    if checkpoints is not None and saved:
+        torch.stack(saved, dim=1, out=checkpoints)
     out = out.reshape(B, Hv, n * C, Vd)[:, :, :T].transpose(1, 2)
     return out, S
 
