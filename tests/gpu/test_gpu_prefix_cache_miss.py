@@ -10,8 +10,12 @@ issue 27) a time to first token at most 1.1x that of no cache on the "unrelated"
 - the trained byte-level Qwen3.5 (float32, block 64, a budget of 16 snapshots, LRU), chapter 03's
   "unrelated" stream: median TTFT with the cache <= 1.1x without (``serial``: it times the GPU).
 
-Written on a CPU (the CPU twin of each case ran there, through the interpreter and the stand-in for
-CUDA graphs); not yet run on a GPU.
+Run on the H200 once (2026-12-03, 110 s cap): the kernel-count test failed for both presets, and the
+call's time limit cut off the report before its numbers printed; the other two tests did not start.
+Unverified reading: on CUDA one ``torch._foreach_copy_`` over a few hundred tensors is several kernels
+(multi_tensor_apply launches per chunk of tensors), and LFM2's window per conv layer is a product and
+a copy (two kernels), so the budget below, written from the CPU's op counts, may be too tight rather
+than the miss too costly. Run it with ``-s`` to see the printed counts before changing the budget.
 """
 
 import math
