@@ -104,7 +104,7 @@ from .weights import WeightsKey, weights_key, with_values
 from .decode.protocol import Decoder
 from .model import HybridLM
 from .config import is_int, is_real
-from .ops.mixers import MixerCores
+from .ops.mixers import MixerCores, short_conv_input
 
 POLICIES = ("lru", "flops")
 ADMISSIONS = ("every", "ends", "paying")
@@ -880,8 +880,7 @@ class _BoundaryStates:
             H = proj.shape[-1] // 3
             if state is None:
                 state = proj.new_zeros(proj.shape[0], weight.shape[1] - 1, H)
-            # B * x, rounded to the projection's dtype: short_conv_ref's conv input
-            self.conv[layer] = self._windows(lambda x: x[..., :H] * x[..., 2 * H:], proj, state, weight.shape[1] - 1)
+            self.conv[layer] = self._windows(short_conv_input, proj, state, weight.shape[1] - 1)
         return self.base.short_conv(proj, state, weight, **kwargs)
 
     def _gdn_inputs(self, proj: torch.Tensor, conv_state: torch.Tensor | None, conv_weight: torch.Tensor, *args,

@@ -276,6 +276,12 @@ def swiglu_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def short_conv_input(proj: torch.Tensor) -> torch.Tensor:
+    """The input of LFM2's short conv, B * x, in proj's dtype (``proj`` [..., 3H] = B | C | x)."""
+    b, _, x = proj.chunk(3, dim=-1)
+    return b * x
+
+
 def short_conv_ref(
     proj: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, conv: Conv = causal_conv_ref
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,8 +289,8 @@ def short_conv_ref(
 
     ``proj`` [B, T, 3H]; ``state`` [B, K-1, H] (None: zeros) is not modified; ``weight`` [H, K].
     """
-    b, c, x = proj.chunk(3, dim=-1)
-    y, new_state = conv(b * x, weight, state)
+    c = proj.chunk(3, dim=-1)[1]
+    y, new_state = conv(short_conv_input(proj), weight, state)
     return (c.float() * y).to(proj.dtype), new_state
 
 
