@@ -130,3 +130,24 @@ def gpu_named(monkeypatch):
 
     yield name
     tuning.forget()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of tiny matmuls: on the shared 2-core machine a second thread
+    made each generate call of the prefix-cache suites 4x slower (0.04 -> 0.17 s of CPU), not faster.
+    Put back after. Use: ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def shipped_float32(name: str):
+    """A shipped checkpoint in float32 on the CPU; skipped, saying why, where it is absent."""
+    import labkit
+
+    path = labkit.shipped.checkpoints_dir() / name
+    if not (path / "config.json").exists():
+        pytest.skip(f"{name} is not in {path.parent} (make it with python -m labkit.train)")
+    return labkit.load(path, dtype=torch.float32)

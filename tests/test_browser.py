@@ -152,6 +152,21 @@ def _stop(server: subprocess.Popen, base: str, token: str) -> None:
         pass
 
 
+def _open_in_lab(pw, chromium: str, base: str, token: str, name: str):
+    """(browser, page) with notebook ``name`` open in JupyterLab at ``base``; close the browser after."""
+    # root in CI: no sandbox; containers often have a small /dev/shm
+    browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                 args=["--no-sandbox", "--disable-dev-shm-usage"])
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/lab/tree/{name}?token={token}")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+    except BaseException:
+        browser.close()
+        raise
+    return browser, page
+
+
 def _roofline_image(page) -> str:
     return page.locator(".jupyter-widgets .widget-output img").first.get_attribute("src") or ""
 
@@ -161,13 +176,8 @@ def test_roofline_widget_redraws_in_jupyterlab(chromium, lab, tmp_path):
 
     base, token = lab
     with sync_playwright() as pw:
-        # root in CI: no sandbox; containers often have a small /dev/shm
-        browser = pw.chromium.launch(executable_path=chromium, headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser, page = _open_in_lab(pw, chromium, base, token, NOTEBOOK.name)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
             page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel",
                                    timeout=90_000)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
@@ -213,12 +223,8 @@ def test_opening_a_committed_notebook_and_closing_it_leaves_it_byte_identical(ch
     before = served.read_bytes()
     assert before == committed.read_bytes()
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser, page = _open_in_lab(pw, chromium, base, token, committed.name)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/{committed.name}?token={token}")
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
             # the kernel has answered kernel_info (which sets language_info) and JupyterLab has read its spec
             page.wait_for_function(
                 "() => { const w = window.jupyterapp?.shell.currentWidget;"

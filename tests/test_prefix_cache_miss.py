@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import labkit
-from conftest import RecordingGraphs, rel_err
+from conftest import RecordingGraphs, rel_err, shipped_float32
 from labkit import prefix_cache as pc_module
 from labkit.decode import graphs as graph_seam
 from labkit.decode.registry import make_decoder
@@ -34,25 +34,12 @@ BS = 64  # a multiple of the delta rule's chunk: the checkpoints come from its w
 ADMISSIONS = ["every", "ends", "paying"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread (tiny matmuls on a shared 2-core machine); put back after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _shipped(name: str):
-    path = labkit.shipped.checkpoints_dir() / name
-    if not (path / "config.json").exists():
-        pytest.skip(f"{name} is not in {path.parent} (make it with python -m labkit.train)")
-    return labkit.load(path, dtype=torch.float32)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(labkit.CHECKPOINTS))
 def model(request):
-    return _shipped(request.param)
+    return shipped_float32(request.param)
 
 
 def _ids(model, length, seed, batch=1):

@@ -35,7 +35,7 @@ import pytest
 import torch
 
 import labkit
-from conftest import RecordingGraphs, rel_err
+from conftest import RecordingGraphs, rel_err, shipped_float32
 from labkit.decode import graphs as graph_seam
 from labkit.decode.registry import make_decoder
 from labkit.tokenizer import ByteTokenizer
@@ -87,27 +87,12 @@ def _prefix(model, budget: float = math.inf, **kwargs) -> RecordingPrefixCache:
     return RecordingPrefixCache(model, BS, budget_bytes=budget, **kwargs)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread for this module's tiny matmuls (256 wide): on the shared 2-core machine a
-    second thread made each generate call 4x slower (0.04 -> 0.17 s of CPU), not faster. Put back after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _shipped(name: str):
-    """A shipped checkpoint in float32 on the CPU; skipped, saying why, where it is absent."""
-    path = labkit.shipped.checkpoints_dir() / name
-    if not (path / "config.json").exists():
-        pytest.skip(f"{name} is not in {path.parent} (make it with python -m labkit.train)")
-    return labkit.load(path, dtype=torch.float32)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(labkit.CHECKPOINTS))
 def model(request):
-    return _shipped(request.param)
+    return shipped_float32(request.param)
 
 
 @pytest.fixture(params=["reference", "reference+graph"])
@@ -351,7 +336,7 @@ def test_weights_changed_after_snapshots_are_refused(model, edit):
 def test_weights_changed_are_refused_through_the_fused_decoders_key():
     """generate hands the fused rung's weights key to the prefix cache; an edit torch does not count
     (through ``.data``) must still be seen there. LFM2 only: its fused decoder is cheap to make."""
-    model = _shipped("byte-lfm2-6m")
+    model = shipped_float32("byte-lfm2-6m")
     prefix = _prefix(model)
     ids = _text(3, 2 * BS + 3)
     _check(model, prefix, ids, 0)  # stored by the reference rung: snapshots belong to the weights
@@ -397,7 +382,7 @@ def test_stop_tokens_stop_generation_at_the_same_place(model, backend):
 def test_fused_hits_after_a_boundary_are_exact_on_lfm2():
     """The fused rung's own prefill (the cores it lends, its continuation of a short tail) at the two
     kinds of tail: one token past the boundary, and a whole block."""
-    model = _shipped("byte-lfm2-6m")
+    model = shipped_float32("byte-lfm2-6m")
     prefix = _prefix(model)
     stem = _text(1, 3 * BS + 1)
     _check(model, prefix, stem, 0, backend="fused", new=1)
