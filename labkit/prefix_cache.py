@@ -18,20 +18,26 @@ projection the conv is handed (the rows before each boundary: one small copy per
 recurrent states from the delta rule's checkpoints (``checkpoints=`` of
 :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`, or of the chunked reference) when the block
 is a multiple of its 64-token chunk, else by calling the delta rule piece by piece between
-boundaries; the KV blocks are sliced from the cache afterwards. Everything a call stores goes in
-one ``torch._foreach_copy_`` per dtype (a clone per tensor made a miss cost several prefills in
-launches). Under ``fused+graph`` a miss into a fresh cache is itself captured per prompt shape and
-replayed (:meth:`labkit.decode.Decoder.prefill_reading`). A tail shorter than a block
-after a hit has no boundary to read, and a ``fused+graph`` decoder replays it from a CUDA graph
-captured per (restored length, tail length) (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`).
+boundaries; the KV blocks are read from the cache afterwards. Snapshots live in fixed-size slots
+(:mod:`labkit.prefix_store`: one for a node's block of KV, one for its states), reused after
+evictions, and everything a call stores is one table of byte spans run in one launch
+(:mod:`labkit.ops.copy_spans`; a clone per tensor made a miss cost several prefills in launches, and
+a multi-tensor copy per dtype still cost an allocation per tensor and several kernels). Under
+``fused+graph`` a miss into a fresh cache is itself captured per prompt shape and replayed
+(:meth:`labkit.decode.Decoder.prefill_reading`). A hit's restore is one span table too, made once
+per path (:class:`_RestorePlan`). A tail shorter than a block after a hit has no boundary to read:
+the decoder runs the restore and the tail together (``prefill_continuation(before=restore)``), and a
+``fused+graph`` decoder replays both from one CUDA graph captured per (restored length, tail
+length) (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`): a hit is then the
+host's look-up, a table copy and one replay.
 A decoder that lends no cores (``prefill_cores()`` is None) is run block by block through its own
 prefill instead.
-Restoring copies stored tensors; a hit gives the logits of no cache at all up to float32 rounding
+Restoring copies stored bytes; a hit gives the logits of no cache at all up to float32 rounding
 (the chunked delta rule restarts its chunks at the restored boundary; the tests hold the
 difference to 1e-5 relative in float32).
-Snapshots are kept on the model's device (``budget_bytes`` counts that memory). Restoring writes
-the cache's buffers in place and advances its lengths, so decoders with captured graphs
-(``fused+graph``) keep replaying them.
+Snapshots are kept on the model's device (``budget_bytes`` bounds that memory: the slots in use,
+and the free ones kept for reuse, ``reserved_bytes``). Restoring writes the cache's buffers in
+place and sets its lengths, so decoders with captured graphs (``fused+graph``) keep replaying them.
 
 Behaviour at the edges, by design:
 
@@ -94,9 +100,9 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from .cache import CacheFullError, HybridCache
@@ -104,7 +110,9 @@ from .weights import WeightsKey, weights_key, with_values
 from .decode.protocol import Decoder
 from .model import HybridLM
 from .config import is_int, is_real
+from .ops.spans import Spans, run_table
 from .ops.mixers import MixerCores, short_conv_input
+from .prefix_store import CacheSpans, Slot, SlotPool, SnapshotLayout, state_sources, store_states
 
 POLICIES = ("lru", "flops")
 ADMISSIONS = ("every", "ends", "paying")
@@ -119,10 +127,6 @@ ADMISSIONS = ("every", "ends", "paying")
 #   states stored at 0.8-1.0e10 bytes/s: 1.13 and 1.43 in two runs
 #   (:func:`labkit.bench.cache.measure_exchange_rate`, which any machine can re-run).
 EXCHANGE_RATES = {"cuda": 620e12 / 2.125e12, "cpu": 1.3}
-
-
-def _same_objects(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def block_key(block: torch.Tensor | list[int] | tuple[int, ...]) -> bytes:
@@ -159,121 +163,124 @@ class _Children(dict):
 
 @dataclass(eq=False)
 class _Node:
-    """The state after the blocks on the path from the root to this node, for one sequence."""
+    """The state after the blocks on the path from the root to this node, for one sequence: its
+    block's keys and values in ``kv_slot``, and (``has_states``) every conv window and recurrent
+    state at its boundary in ``state_slot`` (:mod:`labkit.prefix_store`)."""
 
     parent: "_Node | None"
     block: bytes  # block_key of the tokens of the edge into this node (empty at the root)
     depth: int  # blocks from the root
-    keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [kv_heads, bs, head_dim]
-    values: dict[int, torch.Tensor] = field(default_factory=dict)
-    conv_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [K-1, dim]
-    recurrent_states: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> float32 state
+    layout: SnapshotLayout | None = None
+    kv_slot: Slot | None = None
+    state_slot: Slot | None = None  # None: the block's KV only (admission "ends"): a way through, not a hit
     children: _Children = field(default_factory=_Children)  # block_key -> node
     last_used: int = 0
-    has_states: bool = True  # False: the block's KV only (admission "ends"): a way through, not a hit
-    verified: tuple = ()  # the tensors last checked against this cache's layout (_check_snapshot)
-    _kv_rows: tuple = ()  # (the KV tensors they came from, their [block, head_dim] rows): restore's sources
 
-    def kv_rows(self, layers: list[int]) -> list[torch.Tensor]:
-        """Keys then values of ``layers``, split per head into contiguous [block, head_dim] rows: the
-        sources of one multi-tensor copy (made once; remade if a KV tensor was replaced)."""
-        held = tuple(self.keys[i] for i in layers) + tuple(self.values[i] for i in layers)
-        if not self._kv_rows or not _same_objects(held, self._kv_rows[0]):
-            self._kv_rows = (held, [row for t in held for row in t.unbind(0)])
-        return self._kv_rows[1]
-
-    def attach_states(self, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor],
-                      copies: "_Copies") -> None:
-        """Room for the states, queued on ``copies`` from ``conv`` and ``recurrent`` (layer -> state)."""
-        self.conv_states = dict(zip(conv, copies.add(list(conv.values()))))
-        self.recurrent_states = dict(zip(recurrent, copies.add(list(recurrent.values()))))
-        self.has_states = True
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [*self.keys.values(), *self.values.values(), *self.conv_states.values(), *self.recurrent_states.values()]
+    @property
+    def has_states(self) -> bool:
+        return self.state_slot is not None
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        return (self.layout.kv_bytes if self.kv_slot else 0) + (self.layout.state_bytes if self.state_slot else 0)
+
+    # the pieces as tensors, for looking at a snapshot (views of its slots, made on request)
+    @property
+    def keys(self) -> dict[int, torch.Tensor]:
+        return self.layout.views(self.kv_slot, ("keys",))["keys"]
+
+    @property
+    def values(self) -> dict[int, torch.Tensor]:
+        return self.layout.views(self.kv_slot, ("values",))["values"]
+
+    @property
+    def conv_states(self) -> dict[int, torch.Tensor]:
+        return self.layout.views(self.state_slot, ("conv",))["conv"]
+
+    @property
+    def recurrent_states(self) -> dict[int, torch.Tensor]:
+        return self.layout.views(self.state_slot, ("recurrent",))["recurrent"]
 
 
-class _Copies:
-    """The copies that store one call's snapshots, run as one ``torch._foreach_copy_`` per dtype
-    (:meth:`run`) instead of a clone per tensor: a miss on Qwen3.5-0.8B stores 16 nodes of ~50
-    tensors, and every clone is a launch. :meth:`add` gives each source a destination of its own
-    (an allocation, no launch: a node's memory goes when it is evicted, not when its siblings are);
-    a destination must not be read before :meth:`run`. Sources are split into contiguous rows where they are not contiguous, so the
-    multi-tensor copy keeps its fast path."""
+class _Store:
+    """The copies that store one call's new snapshots, queued per node (:meth:`kv`, :meth:`states`) as
+    addresses and run as one span table (:meth:`run`: one launch on a GPU): the KV block of (sequence,
+    block) from the cache, the states of a boundary from what the prefill read
+    (:func:`labkit.prefix_store.state_sources`)."""
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[torch.Tensor, list]] = []  # (source, the slot its destination goes in)
-        self.launches = 0  # multi-tensor copies run (for the tests and the benchmark's counts)
+    def __init__(self, spans: CacheSpans) -> None:
+        self._spans = spans
+        self._kv: list[tuple[int, int, int]] = []  # (sequence, block, slot address)
+        self._states: list[tuple[int, int]] = []  # (boundary index in the sources, slot address)
+        self.launches = 0  # span tables run (for the tests and the benchmark's counts)
+        self.bytes = 0
 
-    def add(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Destinations for ``sources``, each of its source's shape and dtype, filled by :meth:`run`."""
-        out = []
-        for src in sources:
-            dst = torch.empty(src.shape, dtype=src.dtype, device=src.device)
-            out.append(dst)
-            self._pending.append((src, dst))
-        return out
+    def kv(self, r: int, depth: int, slot: Slot) -> None:
+        self._kv.append((r, depth, slot.address))
 
-    def run(self) -> None:
-        groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for src, dst in self._pending:
-            dsts, srcs = groups.setdefault(src.dtype, ([], []))
-            if src.is_contiguous():
-                dsts.append(dst)
-                srcs.append(src)
-            else:  # rows along the first dim: a KV block's heads, a conv window's rows
-                dsts.extend(dst.unbind(0))
-                srcs.extend(src.unbind(0))
-        for dsts, srcs in groups.values():
-            torch._foreach_copy_(dsts, srcs)
+    def states(self, index: int, slot: Slot) -> None:
+        self._states.append((index, slot.address))
+
+    def run(self, sources: tuple | None) -> None:
+        """Run the queued copies, the states' from ``sources`` (None: none are queued)."""
+        parts = []
+        if self._kv:
+            r, d, a = (np.asarray(c, dtype=np.int64) for c in zip(*self._kv))
+            parts.append(self._spans.kv(r, d, a, to_slot=True))
+        if self._states:
+            index, a = (np.asarray(c, dtype=np.int64) for c in zip(*self._states))
+            parts.append(store_states(self._spans.layout, sources, index, a, self._spans.device))
+        self._kv.clear()
+        self._states.clear()
+        spans = Spans.join(parts, self._spans.device)
+        if len(spans):
+            spans.run()
             self.launches += 1
-        self._pending.clear()
-
-
-_SNAPSHOT_DICTS = operator.attrgetter("keys", "values", "conv_states", "recurrent_states")
-
-
-def _snapshot_facts(nodes: list[_Node]) -> tuple[tuple, tuple]:
-    """(layers, tensors) of every snapshot dict of ``nodes``, in order: what a restore plan was made
-    from. A few C-level passes, no Python call per node (a hit restores 16 nodes of 48 tensors)."""
-    dicts = list(chain.from_iterable(map(_SNAPSHOT_DICTS, nodes)))
-    return tuple(chain.from_iterable(dicts)), tuple(chain.from_iterable(map(dict.values, dicts)))
+            self.bytes += spans.total_bytes
 
 
 @dataclass(eq=False)
 class _RestorePlan:
-    """The copies of one restore: for each row's path, every node's KV rows into the cache's block rows,
-    and the deepest node's conv and recurrent states into the row's state buffers, grouped per dtype
-    as (destinations, sources) for one ``torch._foreach_copy_`` each.
+    """The copies of one restore, as one span table: for each row's path, every node's KV block into
+    the cache's positions, and the deepest node's states into the row's state buffers.
 
-    Made once per (cache, nodes restored) and reused by later hits on the same path, while the nodes'
-    snapshot tensors are the very ones it was made from (``layers``, ``held``); it holds the nodes, so
-    their ids, which key it, cannot be reused while it lives; :class:`PrefixCache` drops it when one
-    of them is evicted, and on ``clear``."""
+    Made once per (cache, nodes restored) and reused by later hits on the same path; it holds the
+    nodes, so their ids, which key it, cannot be reused while it lives; :class:`PrefixCache` drops it
+    when one of them is evicted (its slot may then hold another snapshot), and on ``clear``."""
 
     nodes: tuple[_Node, ...]
-    layers: tuple
-    held: tuple
-    copies: list[tuple[list[torch.Tensor], list[torch.Tensor]]]
+    spans: Spans
     uses: int = 0
-    graph: Any = None  # a CUDA graph of the copies (PrefixCache.RESTORE_GRAPH_AT), replayed instead
 
-    def copy(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-            return
-        for dst, src in self.copies:
-            torch._foreach_copy_(dst, src)
+
+class _Restore:
+    """A hit's restore as work a decoder runs right before the prompt's tail
+    (``Decoder.prefill_continuation(before=)``), inside the tail's CUDA graph where the decoder
+    captures one: the span table staged in a buffer of the cache's (:meth:`stage`, outside any
+    graph: one small copy), then the cache's lengths set on the device. ``key`` tells a decoder which
+    captured tails it can replay with it: those of the same table shape and restored length."""
+
+    def __init__(self, cache: HybridCache, plan: _RestorePlan, tokens: int) -> None:
+        self._table, *self._shape = plan.spans.table()  # word, align, longest
+        self.key = ("labkit.PrefixCache.restore", self._table.shape[0], *self._shape, tokens)
+        buffers = cache.attachments.setdefault("labkit.PrefixCache.restore_tables", {})
+        self._staged = buffers.get(self.key[1:-1])
+        if self._staged is None:
+            self._staged = buffers[self.key[1:-1]] = torch.empty_like(self._table)
+        self._lengths, self._tokens = cache.lengths, tokens
+
+    def stage(self) -> None:
+        self._staged.copy_(self._table)
+
+    def __call__(self) -> None:
+        run_table(self._staged, *self._shape)
+        self._lengths.fill_(self._tokens)
 
 
 class _PlanTable:
     """One PrefixCache's restore plans for one cache, by the ids of the nodes restored (most recent
-    last). Kept in the cache's attachments, so the plans (and the views of the cache's buffers they
-    hold) go with the cache; the PrefixCache holds the table weakly (by identity: not a dict)."""
+    last). Kept in the cache's attachments, so the plans go with the cache; the PrefixCache holds
+    the table weakly (by identity: not a dict)."""
 
     __slots__ = ("plans", "__weakref__")
 
@@ -282,7 +289,7 @@ class _PlanTable:
 
 
 def _clear_tables(tables: "weakref.WeakSet[_PlanTable]") -> None:
-    """Drop every plan of a PrefixCache that is gone: they hold its nodes' snapshots."""
+    """Drop every plan of a PrefixCache that is gone: they hold its nodes."""
     for table in list(tables):
         table.plans.clear()
 
@@ -330,15 +337,14 @@ class PrefixCache:
     prefilled; then decode with ``decoder.step`` as usual. Any rung's decoder works (a
     :class:`labkit.decode.Decoder`: what it lends is declared there).
 
-    A hit's copies are listed once per (cache, nodes restored) in a :class:`_RestorePlan` and reused
-    by later hits on the same path (the lists cost ~0.1 ms of Python per hit to build on
-    Qwen3.5-0.8B); a plan is dropped when a node on its path is evicted, and by :meth:`clear`.
+    Snapshots live in slots of two pools (:mod:`labkit.prefix_store`): a KV slot per node and a state
+    slot per node with states, allocated as first needed and reused after evictions; the pools never
+    hold more than ``budget_bytes`` together (``reserved_bytes``; :meth:`clear` frees it all). A call's new snapshots are stored by one span table, and a
+    hit is restored by another (:mod:`labkit.ops.copy_spans`: one launch each on a GPU), listed
+    once per (cache, nodes restored) in a :class:`_RestorePlan` and reused by later hits on the same
+    path; a plan is dropped when a node on its path is evicted, and by :meth:`clear`.
     """
 
-    # From the RESTORE_GRAPH_AT-th use of a plan on a CUDA device, its copies are captured in a CUDA
-    # graph and replayed (one launch instead of one per dtype's multi-tensor copy, and no Python per
-    # copy list). 0: never. Off by default: not yet measured on a GPU; on a CPU it is never used.
-    RESTORE_GRAPH_AT = 0
     PLANS_PER_CACHE = 64  # restore plans kept per cache (least recently used dropped)
 
     def __init__(self, model: HybridLM, block_size: int, budget_bytes: int, policy: str = "lru",
@@ -357,15 +363,17 @@ class PrefixCache:
         self._accepted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary({model: self._weights})
         self.block_size, self.budget_bytes, self.policy = block_size, budget_bytes, policy
         self.flops_per_token = 2 * model.num_parameters()
-        self.snapshot_bytes = self._snapshot_bytes()
-        probe = HybridCache(self.cfg, 1, 1, self.dtype, "meta")
-        self._states_bytes = sum(t.numel() * t.element_size() for t in [*probe.conv_states.values(), *probe.recurrent_states.values()])
+        self._layout = SnapshotLayout(self.cfg, self.dtype, block_size)
+        self._states_bytes = self._layout.state_bytes
+        self.snapshot_bytes = self._layout.kv_bytes + self._states_bytes  # one block's KV and the states
         if budget_bytes < self.snapshot_bytes:
             raise ValueError(
                 f"budget_bytes={budget_bytes} is smaller than one snapshot ({self.snapshot_bytes} bytes for "
                 f"block_size={block_size} of {self.cfg.name} in {self.dtype}): nothing could be cached"
             )
-        self.root = _Node(parent=None, block=b"", depth=0)
+        self.root = _Node(parent=None, block=b"", depth=0, layout=self._layout)
+        self._kv_pool = SlotPool(self._layout.kv_bytes, self.device)
+        self._state_pool = SlotPool(self._states_bytes, self.device)
         self.nbytes = 0
         self.evictions = 0
         self._clock = 0
@@ -374,7 +382,7 @@ class PrefixCache:
         self._plans_key = ("labkit.PrefixCache.plans", object())
         self._plan_tables: weakref.WeakSet[_PlanTable] = weakref.WeakSet()
         weakref.finalize(self, _clear_tables, self._plan_tables)
-        self.last_copies: _Copies | None = None  # the latest prefill's snapshot copies (their launches)
+        self.last_copies: _Store | None = None  # the latest prefill's snapshot copies (their launches)
         self.warm_up_s: float | None = None
         if warm_up is not None:
             self.warm_up(warm_up)
@@ -407,10 +415,10 @@ class PrefixCache:
         self.warm_up_s = time.perf_counter() - t0
         return self.warm_up_s
 
-    def _snapshot_bytes(self) -> int:
-        """The bytes of one snapshot, from the cache's own layout (a one-sequence, one-block cache)."""
-        probe = HybridCache(self.cfg, 1, self.block_size, self.dtype, "meta")
-        return probe.nbytes() - probe.lengths.numel() * probe.lengths.element_size()
+    @property
+    def reserved_bytes(self) -> int:
+        """Device memory the snapshot pools hold (``nbytes`` of it in use; the rest free slots)."""
+        return self._kv_pool.reserved + self._state_pool.reserved
 
     # -- look-up -------------------------------------------------------------------------------------
     def _path(self, keys: list[bytes], max_blocks: int) -> list[_Node]:
@@ -541,16 +549,18 @@ class PrefixCache:
             for node in path:
                 node.last_used = self._clock
 
-        # the plan checks the snapshots (before the reset: a bad one leaves the cache as it was)
-        plan = self._plan(cache, [p[:hit_blocks] for p in paths]) if hit_blocks else None
-        cache.reset(zero=not hit_blocks)  # a restore overwrites every state: zeroing them first is wasted launches
-        if plan is not None:
-            plan.copy()
-            cache.advance(hit_blocks * bs)
+        start = hit_blocks * bs
+        restore = None
+        if hit_blocks:  # the restore runs with the rest of the prompt (in its graph, where it is captured)
+            restore = _Restore(cache, self._plan(cache, [p[:hit_blocks] for p in paths]), start)
+            restore.stage()
+            cache.reset(zero=False)
+            cache.advance_host(start)  # the device lengths are set by the restore
+        else:
+            cache.reset()
         # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}
-        start = hit_blocks * bs
         # which new boundaries get states: all ("every"), or (Marconi's admission, "ends") only the
         # deepest one of this prompt and its branch point (the deepest one already in the trie, where
         # the next prompt that shares this prefix is likely to leave it)
@@ -563,9 +573,11 @@ class PrefixCache:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if start and T - start < bs:
             # no boundary to read: replayable (fused+graph); the ids and the weights were checked here already
-            logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key)
+            logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key, before=restore)
             return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
-        copies = self.last_copies = _Copies()
+        if restore is not None:
+            restore()
+        store = self.last_copies = _Store(CacheSpans.of(cache, self._layout))
         if not start and not count:  # nothing to read or restore: the decoder's own prefill (replayable)
             return PrefixPrefill(logits=decoder.prefill(input_ids), restored=0, row_hits=row_hits)
         # the delta rule's state checkpoints at the block boundaries, where the decoder's rule takes them
@@ -582,50 +594,44 @@ class PrefixCache:
             base = decoder.prefill_cores(every, checkpoints) if every else decoder.prefill_cores()
             if base is None:  # it lends none: its own prefill, block by block
                 logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit,
-                                                      copies)
+                                                      store)
             else:  # one prefill of the rest, the states at its block boundaries read while it runs
                 boundaries = _BoundaryStates(base, checkpoints, cache, bs, count)
                 logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
         if read is not None or base is not None:
+            sources = boundaries.sources(self._layout)
             for j in range(boundaries.count):
                 at = start + j * bs
                 for r in range(B):
-                    conv, recurrent = boundaries.row(r, j) if j in admit[r] else ({}, {})
-                    current[r] = self._snapshot(cache, r, current[r], keys[r][at // bs], pinned,
-                                                conv, recurrent, j in admit[r], copies)
-            copies.run()
+                    current[r] = self._snapshot(r, current[r], keys[r][at // bs], pinned,
+                                                r * boundaries.count + j if j in admit[r] else None, store)
+            store.run(sources)
         return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
 
     def _prefill_block_by_block(self, decoder: Decoder, cache: HybridCache, input_ids: torch.Tensor, keys: list,
                                 pos: int, current: list, pinned: set[int], admit: list[set[int]],
-                                copies: _Copies) -> torch.Tensor:
+                                store: _Store) -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
         boundary's state read from the cache after the block (and copied before the next block moves it)."""
         bs, (B, T) = self.block_size, input_ids.shape
         first = pos
+        # the cache's own state rows as the boundary states (one boundary per call of a block)
+        sources = state_sources(self._layout, {i: s[:, None] for i, s in cache.conv_states.items()},
+                                {i: s[:, None] for i, s in cache.recurrent_states.items()})
         while pos < T:
             end = min(pos + bs, T)
             logits = decoder.prefill(input_ids[:, pos:end])
             if end - pos == bs:
                 for r in range(B):
-                    conv = {i: s[r] for i, s in cache.conv_states.items()}
-                    recurrent = {i: s[r] for i, s in cache.recurrent_states.items()}
-                    states = (pos - first) // bs in admit[r]
-                    current[r] = self._snapshot(cache, r, current[r], keys[r][pos // bs], pinned,
-                                                conv, recurrent, states, copies)
-                copies.run()
+                    states = r if (pos - first) // bs in admit[r] else None
+                    current[r] = self._snapshot(r, current[r], keys[r][pos // bs], pinned, states, store)
+                store.run(sources)
             pos = end
         return logits
 
-    def _restore(self, cache: HybridCache, paths: list[list[_Node]]) -> None:
-        """Copy each row's path into the cache (its plan, made or reused) and advance its lengths."""
-        self._plan(cache, paths).copy()
-        cache.advance(len(paths[0]) * self.block_size)
-
     def _plan(self, cache: HybridCache, paths: list[list[_Node]]) -> _RestorePlan:
         """The restore plan of ``paths`` (one per row, of equal length) into ``cache``: reused if made
-        before from the same snapshot tensors, else made after checking every node on the paths
-        (:meth:`_check_snapshot`, which raises on a snapshot that does not fit the cache)."""
+        before (its nodes are alive: an eviction drops the plans through the node), else made."""
         nodes = [n for p in paths for n in p]
         table = cache.attachments.get(self._plans_key)
         if table is None:
@@ -633,52 +639,27 @@ class PrefixCache:
             self._plan_tables.add(table)
         key, plans = tuple(map(id, nodes)), table.plans
         plan = plans.get(key)
-        layers, held = _snapshot_facts(nodes)
-        if plan is not None and plan.layers == layers and _same_objects(held, plan.held):
+        if plan is not None:
             plans.move_to_end(key)
         else:
-            for node in {id(n): n for n in nodes}.values():
-                self._check_snapshot(node, cache)
-            plan = plans[key] = _RestorePlan(tuple(nodes), layers, held, self._copies(cache, paths))
+            plan = plans[key] = _RestorePlan(tuple(nodes), self._restore_spans(cache, paths))
             while len(plans) > self.PLANS_PER_CACHE:
                 plans.popitem(last=False)
         plan.uses += 1
-        if self.RESTORE_GRAPH_AT and plan.graph is None and plan.uses >= self.RESTORE_GRAPH_AT and cache.device.type == "cuda":
-            plan.graph = self._capture_copies(plan)
         return plan
 
-    @staticmethod
-    def _capture_copies(plan: _RestorePlan) -> Any:
-        """A CUDA graph of the plan's copies (their sources and destinations never move while the plan
-        lives). Capture only records: the caller replays it (after resetting the cache's lengths)."""
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            plan.copy()  # plan.graph is still None: its multi-tensor copies are what is recorded
-        return graph
-
-    def _copies(self, cache: HybridCache, paths: list[list[_Node]]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-        """Every node's KV block to its positions, the deepest node's conv and recurrent states. Copies
-        are launches, and a hit is timed by them: the pieces go as one multi-tensor copy per dtype
-        (``torch._foreach_copy_``), each piece a contiguous [block, head_dim] row of one head (the
-        cache's [heads, block, head_dim] slice of a row is not contiguous; its per-head rows are), the
-        destinations made once per cache."""
-        layers = list(cache.keys)
-        dst: dict[torch.dtype, list[torch.Tensor]] = {}
-        src: dict[torch.dtype, list[torch.Tensor]] = {}
-
-        def add(to: list[torch.Tensor], pieces: list[torch.Tensor]) -> None:
-            if pieces:
-                dst.setdefault(pieces[0].dtype, []).extend(to)
-                src.setdefault(pieces[0].dtype, []).extend(pieces)
-
-        for r, path in enumerate(paths):
-            for depth, node in enumerate(path):
-                add(self._kv_destinations(cache, r, depth), node.kv_rows(layers))
-            last, rows = path[-1], self._state_destinations(cache, r)
-            add([rows["conv", i] for i in last.conv_states], list(last.conv_states.values()))
-            add([rows["recurrent", i] for i in last.recurrent_states], list(last.recurrent_states.values()))
-        return [(dst[dtype], src[dtype]) for dtype in dst]
+    def _restore_spans(self, cache: HybridCache, paths: list[list[_Node]]) -> Spans:
+        """Every node's KV block to its positions in its row, and the deepest node's states into the
+        row's state buffers: the spans of one restore (addresses from the cache's buffers and the
+        nodes' slots, with numpy: no tensor is made)."""
+        spans = CacheSpans.of(cache, self._layout)
+        depth = len(paths[0])
+        rows = np.repeat(np.arange(len(paths), dtype=np.int64), depth)
+        depths = np.tile(np.arange(depth, dtype=np.int64), len(paths))
+        kv_slots = np.array([n.kv_slot.address for p in paths for n in p], dtype=np.int64)
+        state_slots = np.array([p[-1].state_slot.address for p in paths], dtype=np.int64)
+        return Spans.join([spans.kv(rows, depths, kv_slots, to_slot=False),
+                           spans.states_to_cache(np.arange(len(paths), dtype=np.int64), state_slots)], self.device)
 
     def _drop_plans(self, node: _Node | None = None) -> None:
         """Forget the restore plans through ``node`` (all of them: None), in every cache's table."""
@@ -689,88 +670,44 @@ class PrefixCache:
                 for key in [k for k, plan in table.plans.items() if any(n is node for n in plan.nodes)]:
                     del table.plans[key]
 
-    @staticmethod
-    def _state_destinations(cache: HybridCache, r: int) -> dict[tuple[str, int], torch.Tensor]:
-        """Row ``r`` of every conv and recurrent state buffer, keyed ("conv" | "recurrent", layer),
-        made once per cache and kept with it (indexing a tensor costs ~1 us of host per view)."""
-        made = cache.attachments.setdefault("labkit.PrefixCache.state_rows", {})
-        rows = made.get(r)
-        if rows is None:
-            rows = made[r] = {**{("conv", i): s[r] for i, s in cache.conv_states.items()},
-                              **{("recurrent", i): s[r] for i, s in cache.recurrent_states.items()}}
-        return rows
-
-    def _kv_destinations(self, cache: HybridCache, r: int, depth: int) -> list[torch.Tensor]:
-        """Row ``r``'s cache rows of block ``depth`` in :meth:`_Node.kv_rows`' order, made once per
-        cache (its buffers never move) and kept with it."""
-        made = cache.attachments.setdefault(("labkit.PrefixCache.kv_rows", self.block_size), {})
-        rows = made.get((r, depth))
-        if rows is None:
-            at = slice(depth * self.block_size, (depth + 1) * self.block_size)
-            bufs = [cache.keys[i] for i in cache.keys] + [cache.values[i] for i in cache.keys]
-            rows = made[(r, depth)] = [row for b in bufs for row in b[r, :, at].unbind(0)]
-        return rows
-
-    def _check_snapshot(self, node: _Node, cache: HybridCache) -> None:
-        """A snapshot must match the cache's buffers in layers, shape and dtype, or nothing is restored.
-        A node whose tensors are the very ones that passed before is not walked again (the cache's
-        layout is this PrefixCache's, checked in ``_check``): a hit checks 16 nodes of 48 tensors."""
-        held_now = tuple(node.tensors())
-        if _same_objects(held_now, node.verified):
-            return
-        bs = self.block_size
-        parts = [
-            (node.keys, cache.keys, lambda b: (b.shape[1], bs, b.shape[3])),
-            (node.values, cache.values, lambda b: (b.shape[1], bs, b.shape[3])),
-        ]
-        if node.has_states:
-            parts += [
-                (node.conv_states, cache.conv_states, lambda b: tuple(b.shape[1:])),
-                (node.recurrent_states, cache.recurrent_states, lambda b: tuple(b.shape[1:])),
-            ]
-        for held, bufs, shape in parts:
-            if held.keys() != bufs.keys():
-                raise ValueError("a snapshot's layers do not match the cache's: it was made for another model")
-            for i, t in held.items():
-                if t.dtype != bufs[i].dtype or tuple(t.shape) != shape(bufs[i]):
-                    raise ValueError(
-                        f"a snapshot of layer {i} is {t.dtype} {tuple(t.shape)}; the cache needs {bufs[i].dtype} "
-                        f"{shape(bufs[i])}: it was made for another model or dtype"
-                    )
-        node.verified = held_now
-
     # -- storing and eviction ------------------------------------------------------------------------
-    def _snapshot(self, cache: HybridCache, r: int, parent: _Node | None, block: bytes, pinned: set[int],
-                  conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor], states: bool,
-                  copies: _Copies) -> _Node | None:
+    def _snapshot(self, r: int, parent: _Node | None, block: bytes, pinned: set[int], states: int | None,
+                  store: _Store) -> _Node | None:
         """The node for row ``r`` after ``block`` below ``parent``: found, or made now for the cache's
-        KV of that block and, with ``states``, the row's states at the boundary (``conv``, ``recurrent``:
-        layer -> state; a node found without states gets them). What it stores is queued on
-        ``copies``: the caller runs them before the sources change."""
+        KV of that block and, with ``states`` (the boundary's index in the call's state sources), the
+        row's states at the boundary (a node found without states gets them). What it stores is
+        queued on ``store``: the caller runs it before the sources change."""
         if parent is None:
             return None
         node = parent.children.get(block)
-        if node is not None and states and not node.has_states:
+        if node is not None and states is not None and not node.has_states:
             if self._make_room(pinned | {id(node)}, self._states_bytes):
-                before = node.nbytes
-                node.attach_states(conv, recurrent, copies)
-                self.nbytes += node.nbytes - before
+                node.state_slot = self._take(self._state_pool, self._kv_pool)
+                store.states(states, node.state_slot)
+                self.nbytes += self._states_bytes
         if node is None:
-            if not self._make_room(pinned, self.snapshot_bytes if states else self.snapshot_bytes - self._states_bytes):
+            with_states = states is not None
+            if not self._make_room(pinned, self.snapshot_bytes if with_states else self.snapshot_bytes - self._states_bytes):
                 return None
-            depth = parent.depth + 1
-            at = slice((depth - 1) * self.block_size, depth * self.block_size)
-            layers = list(cache.keys)
-            kv = copies.add([cache.keys[i][r, :, at] for i in layers] + [cache.values[i][r, :, at] for i in layers])
-            node = _Node(parent=parent, block=block, depth=depth, keys=dict(zip(layers, kv[:len(layers)])),
-                         values=dict(zip(layers, kv[len(layers):])), has_states=states)
-            if states:
-                node.attach_states(conv, recurrent, copies)
+            node = _Node(parent=parent, block=block, depth=parent.depth + 1, layout=self._layout,
+                         kv_slot=self._take(self._kv_pool, self._state_pool))
+            store.kv(r, node.depth - 1, node.kv_slot)
+            if with_states:
+                node.state_slot = self._take(self._state_pool, self._kv_pool)
+                store.states(states, node.state_slot)
             parent.children[block] = node
             self.nbytes += node.nbytes
         node.last_used = self._clock
         pinned.add(id(node))
         return node
+
+    def _take(self, pool: SlotPool, other: SlotPool) -> Slot:
+        """A slot of ``pool`` for bytes ``_make_room`` has just made room for. A new one would take
+        the pools past the budget only while the other pool keeps free slots: those are freed first
+        (the bytes in use are within the budget, so that is always enough)."""
+        if not pool.free and self.reserved_bytes + pool.slot_bytes > self.budget_bytes:
+            other.release_free()
+        return pool.take()
 
     def _leaves(self, pinned: set[int]) -> list[_Node]:
         leaves, stack = [], list(self.root.children.values())
@@ -800,13 +737,17 @@ class PrefixCache:
             del victim.parent.children[victim.block]
             self._drop_plans(victim)
             self.nbytes -= victim.nbytes
+            self._kv_pool.give(victim.kv_slot)
+            self._state_pool.give(victim.state_slot)
             self.evictions += 1
         return True
 
     def clear(self) -> None:
-        """Drop every snapshot, and the restore plans made from them."""
+        """Drop every snapshot and the restore plans made from them, and free the pools' memory."""
         self.root.children.clear()
         self._drop_plans()
+        self._kv_pool.clear()
+        self._state_pool.clear()
         self.nbytes = 0
 
     def __repr__(self) -> str:
@@ -914,9 +855,10 @@ class _BoundaryStates:
         self.recurrent[layer] = torch.stack(states, dim=1)
         return torch.cat(outs, dim=1), state
 
-    def row(self, r: int, j: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Row ``r``'s conv windows and recurrent states at boundary ``j`` (after (j+1) blocks of the call)."""
+    def sources(self, layout: SnapshotLayout) -> tuple:
+        """The boundary states this prefill read, as :func:`labkit.prefix_store.state_sources` of
+        ``layout``: boundary ``j`` of row ``r`` is index ``r * count + j``."""
         if self._conv_calls != len(self._conv_layers) or self._gdn_calls != len(self._gdn_layers) \
                 or len(self.conv) != len(self._conv_layers):
             raise RuntimeError("the prefill did not call every layer's conv and delta rule once: no snapshot taken")
-        return ({i: s[r, j] for i, s in self.conv.items()}, {i: s[r, j] for i, s in self.recurrent.items()})
+        return state_sources(layout, self.conv, self.recurrent)

@@ -1,5 +1,6 @@
-"""PrefixCache's restore plans: the copy lists of a hit are made once per (cache, path) and reused,
-dropped with the nodes they restore, and never change what a hit computes (tokens equal to no cache)."""
+"""PrefixCache's restore plans and snapshot slots: the span table of a hit is made once per (cache,
+path) and reused, dropped with the nodes it restores; evicted slots are reused; none of it changes
+what a hit computes (tokens equal to no cache)."""
 
 import pytest
 import torch
@@ -90,17 +91,20 @@ def test_clear_drops_the_plans(model):
     assert _exact(model, prefix, decoder, ids).restored == 0
 
 
-def test_a_replaced_snapshot_tensor_remakes_the_plan(model):
-    prefix, decoder, ids = labkit.PrefixCache(model, BS, budget_bytes=10**8), _decoder(model), _ids(19)
+def test_a_restore_is_one_span_table_of_every_piece(model):
+    """A hit's plan copies each node's KV block head by head and the deepest node's states, one span
+    each, and the snapshots it reads hold what the cache held at their boundaries."""
+    prefix, decoder, ids = labkit.PrefixCache(model, BS, budget_bytes=10**8), _decoder(model), _ids(27)
     prefix.prefill(decoder, ids)
-    prefix.prefill(decoder, ids)
-    (plan,) = _table(prefix, decoder).values()
-    node = plan.nodes[-1]
-    layer, state = next(iter(node.recurrent_states.items()))
-    node.recurrent_states[layer] = state.clone()  # equal values, another tensor: the plan no longer holds it
+    stored = {i: decoder.cache.keys[i][0, :, :3 * BS].clone() for i in decoder.cache.keys}
     _exact(model, prefix, decoder, ids)
-    (new,) = _table(prefix, decoder).values()
-    assert new is not plan and new.held != () and any(t is node.recurrent_states[layer] for t in new.held)
+    (plan,) = _table(prefix, decoder).values()
+    cfg, cache = model.cfg, decoder.cache
+    heads = len(cache.keys) * 2 * cfg.num_kv_heads
+    assert len(plan.spans) == 3 * heads + len(cache.conv_states) + len(cache.recurrent_states)
+    for depth, node in enumerate(plan.nodes):
+        for i, keys in node.keys.items():  # views of the node's slot
+            assert torch.equal(keys, stored[i][:, depth * BS:(depth + 1) * BS])
 
 
 def test_an_eviction_storm_then_a_restore_matches_no_cache(model):
@@ -119,16 +123,21 @@ def test_an_eviction_storm_then_a_restore_matches_no_cache(model):
     assert _exact(model, prefix, decoder, last).restored > 0
 
 
-def test_the_graph_of_copies_is_skipped_off_cuda(model, monkeypatch):
-    if DEVICE == "cuda":
-        pytest.skip("checks the CPU path")
-    monkeypatch.setattr(labkit.PrefixCache, "RESTORE_GRAPH_AT", 1)
-    prefix, decoder, ids = labkit.PrefixCache(model, BS, budget_bytes=10**8), _decoder(model), _ids(19)
-    prefix.prefill(decoder, ids)
-    _exact(model, prefix, decoder, ids)
-    _exact(model, prefix, decoder, ids)
-    (plan,) = _table(prefix, decoder).values()
-    assert plan.uses == 2 and plan.graph is None
+def test_evicted_slots_are_reused_within_the_budget(model):
+    """The pools grow to what the budget holds and then reuse the slots of evicted snapshots: a
+    stream of unrelated prompts through a budget of three snapshots reserves no more memory."""
+    size = labkit.PrefixCache(model, BS, budget_bytes=10**8).snapshot_bytes
+    prefix, decoder = labkit.PrefixCache(model, BS, budget_bytes=3 * size), _decoder(model)
+    reserved = []
+    for seed in range(6):
+        ids = _ids(25, seed=seed)
+        prefix.prefill(decoder, ids)
+        assert prefix.nbytes <= prefix.budget_bytes
+        reserved.append(prefix.reserved_bytes)
+    assert prefix.evictions > 0 and reserved[-1] == reserved[1] <= prefix.budget_bytes
+    assert _exact(model, prefix, decoder, _ids(25, seed=5)).restored == 24
+    prefix.clear()
+    assert prefix.reserved_bytes == 0
 
 
 def _all_nodes(prefix):

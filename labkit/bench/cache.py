@@ -27,6 +27,7 @@ from ..lab import workloads as wl
 from ..decode.registry import pooled_decoder
 from ..generate import _sync, generate
 from ..model import HybridLM
+from ..ops.spans import Spans
 from ..prefix_cache import PrefixCache
 from ..lab.snapshot_precision import snapshot_precision
 
@@ -249,8 +250,8 @@ def measure_exchange_rate(model: HybridLM, backend: str = "reference", tokens: i
                           repeats: int = 3) -> dict:
     """Admission "paying"'s exchange rate on this machine: the FLOPs per second of ``backend``'s
     prefill of ``tokens`` (counted as PrefixCache counts them, 2 x parameters per token) over the bytes
-    per second of storing ``snapshots`` snapshots' states (one multi-tensor copy, as a miss stores
-    them). Medians of ``repeats``; the device is synchronised around each timing."""
+    per second of storing ``snapshots`` snapshots' states (one span table, as a miss stores them:
+    :mod:`labkit.ops.copy_spans`). Medians of ``repeats``; the device is synchronised around each timing."""
     from ..decode.registry import make_decoder
 
     device = model.device
@@ -276,7 +277,8 @@ def measure_exchange_rate(model: HybridLM, backend: str = "reference", tokens: i
 
     flops = 2 * model.num_parameters() * tokens / timed(prefill)
     nbytes = sum(t.numel() * t.element_size() for t in src)
-    copy_rate = nbytes / timed(lambda: torch._foreach_copy_([d for row in dst for d in row], src))
+    spans = Spans.of(list(zip(src, [d for row in dst for d in row])))
+    copy_rate = nbytes / timed(spans.run)
     return {"flops_per_s": flops, "bytes_per_s": copy_rate, "exchange_rate": flops / copy_rate,
             "device": device.type, "backend": backend, "tokens": tokens, "model": model.cfg.name}
 

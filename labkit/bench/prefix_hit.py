@@ -95,7 +95,9 @@ class _HostOnly(Decoder):
     def prefill_cores(self, checkpoint_every=None, checkpoints=None):
         return self._decoder.prefill_cores(checkpoint_every, checkpoints)
 
-    def prefill_continuation(self, input_ids: torch.Tensor, **_) -> torch.Tensor:
+    def prefill_continuation(self, input_ids: torch.Tensor, *, before=None, **_) -> torch.Tensor:
+        if before is not None:
+            before()  # the restore's launches (queued, as in the real tail's graph)
         self._decoder.cache.advance_host(input_ids.shape[1])
         return self._logits
 

@@ -268,27 +268,32 @@ class FusedPrefill:
 
     @torch.no_grad()
     def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
-                             weights: Any = None) -> torch.Tensor:
+                             weights: Any = None, before: Any = None) -> torch.Tensor:
         """Last-token logits [B, vocab] after ``input_ids`` [B, T] that continue the cached sequences
         (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured once per
-        (cached length, T) and replayed: an eager prefill of a few tokens costs its launches, not its
-        arithmetic. The inputs are checked eagerly first; the first call of a shape runs it once
-        outside the capture (kernels compile), putting the states it shifts back
+        (cached length, T, ``before.key``) and replayed: an eager prefill of a few tokens costs its
+        launches, not its arithmetic. ``before`` (PrefixCache's restore: it writes the cache's states,
+        the restored keys and values and the lengths) runs right before the tail, inside the captured
+        graph, so that a hit is one replay. The inputs are checked eagerly first; the first call of a
+        shape runs it once outside the capture (kernels compile), putting the states it shifts back
         (:func:`labkit.decode.graphs.capture`). The returned logits are overwritten by the next
-        replay of the same shape (as ``step``'s). Without ``graph``, or for an empty cache, this is :meth:`prefill`.
+        replay of the same shape (as ``step``'s). Without ``graph``, or for an empty cache, this is
+        ``before()`` then :meth:`prefill`.
 
         A caller that has already checked the token ids' range on the host (``ids_checked``: reading
         them from the device is a sync) and taken the model's :func:`labkit.weights.weights_key` (``weights``), as
         :class:`labkit.PrefixCache` does, passes them; shapes, dtype, device and room are checked."""
         cache = self.cache
         if not self.graph or cache.seq_len == 0:
+            if before is not None:
+                before()
             return self.prefill(input_ids)
         self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
-        key = (cache.host_lengths, tuple(input_ids.shape))
+        key = (cache.host_lengths, tuple(input_ids.shape), None if before is None else before.key)
         entry = self._continuations.pop(key, None)
         if entry is None:
-            entry = self._capture_prefill(input_ids)
+            entry = self._capture_prefill(input_ids, before=before)
             self.captures += 1
         self._continuations[key] = entry  # most recently used last
         while len(self._continuations) > self.CONTINUATIONS:
@@ -297,4 +302,3 @@ class FusedPrefill:
         entry.graph.replay()
         cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
-

@@ -14,8 +14,11 @@ decoder's attributes: a rung overrides what it does better than the default.
   through :meth:`prefill` block by block instead.
 - ``checkpoint_multiple``: a multiple of it is a ``checkpoint_every`` the delta rule of
   ``prefill_cores`` can honour (state checkpoints from the chunk kernel's walk); ``None``: none.
-- ``prefill_continuation(input_ids, ids_checked=, weights=)``: a prompt that continues the cached
-  sequences (the tail after a restored prefix); default: :meth:`prefill`.
+- ``prefill_continuation(input_ids, ids_checked=, weights=, before=)``: a prompt that continues the
+  cached sequences (the tail after a restored prefix); ``before``, if given, is work that must run
+  right before it on the device (PrefixCache's restore: a callable with a hashable ``key``), run by
+  the rung as part of the tail (a rung that captures the tail in a CUDA graph captures it too, and
+  keys the graph by ``before.key`` as well); default: ``before()``, then :meth:`prefill`.
 - ``prefill_reading(input_ids, checkpoint_every, reader) -> (logits, read) | None``: a prefill into a
   fresh cache through cores that ``reader(cores, checkpoints)`` wraps (PrefixCache's boundary
   reader; it returns an object with ``.cores`` and ``.begin()``, called before each forward), run
@@ -70,7 +73,9 @@ class Decoder:
         return None
 
     def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
-                             weights: Any = None) -> torch.Tensor:
+                             weights: Any = None, before: Any = None) -> torch.Tensor:
+        if before is not None:
+            before()
         return self.prefill(input_ids)
 
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,

@@ -10,12 +10,10 @@ issue 27) a time to first token at most 1.1x that of no cache on the "unrelated"
 - the trained byte-level Qwen3.5 (float32, block 64, a budget of 16 snapshots, LRU), chapter 03's
   "unrelated" stream: median TTFT with the cache <= 1.1x without (``serial``: it times the GPU).
 
-Run on the H200 once (2026-12-03, 110 s cap): the kernel-count test failed for both presets, and the
-call's time limit cut off the report before its numbers printed; the other two tests did not start.
-Unverified reading: on CUDA one ``torch._foreach_copy_`` over a few hundred tensors is several kernels
-(multi_tensor_apply launches per chunk of tensors), and LFM2's window per conv layer is a product and
-a copy (two kernels), so the budget below, written from the CPU's op counts, may be too tight rather
-than the miss too costly. Run it with ``-s`` to see the printed counts before changing the budget.
+The kernel budget: a window copy per conv or GDN layer (LFM2's is a product and a copy), the one
+span table that stores every snapshot (its upload and its kernel), and the prompt's copy to the host
+for the look-up. (The multi-tensor copies of the earlier design were several kernels each on CUDA,
+which failed this test on the H200, 2026-12-03.)
 """
 
 import math
@@ -68,7 +66,7 @@ def test_a_fused_miss_launches_only_a_few_kernels_more(real_model, preset):
     want = plain().clone()
     miss = _kernels(lambda: prefix.prefill(decoder, ids, weights=key))
     kinds = model.cfg.layer_types
-    budget = sum(k in ("conv", "gdn") for k in kinds) + 4  # a window copy per conv layer; the multi-tensor copies
+    budget = 2 * sum(k in ("conv", "gdn") for k in kinds) + 3  # the windows; the span table and its upload; the ids
     print(f"{preset}: {base} kernels without a cache, {miss} with a miss (+{miss - base}, budget {budget})")
     assert miss - base <= budget
     prefix.clear()
