@@ -38,18 +38,17 @@ nothing for values. A prefix snapshot was computed from the values, so :class:`l
 reads the fingerprint on every prefill (:func:`with_values`, from the rung's key when ``generate``
 hands it over: the facts are then not read twice).
 
-When asked for, the fingerprint is read on every call (that is its point): one ``as_strided`` view per tensor (a
-C-level ``map``, no copy), one ``cat`` per device and dtype, one copy to the host per device. It
-is the one part that touches the device: on a GPU the host waits for it (a sync; the device is
-idle where the key is taken, before a prefill, so it waits for the copy alone). Its cost is Python and
-dispatch per tensor (~1 us for each view, and the cat of many small pieces), about what reading the
-other facts costs: it roughly doubles a memoized key. Measured on this project's shared 2-core CPU
-machine while other jobs ran (timeit, best of 5): with Qwen3.5-0.8B's 236 tensors (its 24 layers at
-tiny widths: the cost is per tensor, not per byte), a memoized key took 1.24 ms, of which the
-fingerprint 0.69 ms (a full walk: 3.6 ms); tiny-qwen3.5's 51 tensors, 0.28 ms of which 0.18. On
-the H200 machine's host, where the key without it took 0.22 ms, expect about twice that
-(tests/gpu/test_gpu_weights_key.py prints it). Tensors on the meta device hold no values and are
-not sampled.
+When asked for, the fingerprint is read on every call (that is its point): the sampled elements'
+addresses are listed once per memo, as a table of byte spans (:mod:`labkit.ops.copy_spans`) that
+gathers them into one buffer per device, so a read is one launch and one copy to the host per
+device, whatever the number of tensors. It is the one part that touches the device: on a GPU the
+host waits for it (a sync; the device is idle where the key is taken, before a prefill, so it
+waits for the copy alone). The design it replaced (a view of each tensor's samples, and
+concatenations per dtype) cost Python and dispatch per tensor (~1 us for each view), and on a GPU
+a concatenation kernel per dtype over hundreds of small inputs (~57 us of device time per read on
+an H100 for Qwen3.5-0.8B's 236 tensors, in a profile of a prefix-cache hit, 2026-12-05). On a CPU
+the table runs as a memmove per sample (~1 us each: ~2 ms for those 236 tensors; the CPU is where
+the tests run, not the product). Tensors on the meta device hold no values and are not sampled.
 """
 
 from __future__ import annotations
@@ -59,8 +58,11 @@ import weakref
 from dataclasses import dataclass, replace
 from itertools import chain
 
+import numpy as np
 import torch
 from torch import nn
+
+from .ops.spans import Spans
 
 __all__ = ["SAMPLES", "WeightsKey", "weights_key", "with_values"]
 
@@ -127,8 +129,7 @@ def _sampling(t: torch.Tensor) -> tuple[tuple[int], tuple[int]]:
 class _Memo:
     """What one walk of a model saw, held weakly (a replaced weight is freed, not kept by the memo)."""
 
-    __slots__ = ("modules", "names", "entries", "tensors", "versioned", "facts", "sizes", "strides", "groups",
-                 "tensors_key", "key")
+    __slots__ = ("modules", "names", "entries", "tensors", "versioned", "facts", "samples", "tensors_key", "key")
 
     def __init__(self, model: nn.Module) -> None:
         layout: list = []
@@ -144,14 +145,7 @@ class _Memo:
         # inference tensors have no version counter (reading it raises)
         self.versioned = [not t.is_inference() for t in tensors]
         self.facts = self._facts(tensors)
-        sampling = [_sampling(t) for t in tensors]
-        self.sizes, self.strides = [s for s, _ in sampling], [s for _, s in sampling]
-        # the fingerprint's groups: per device, per dtype, the tensors' indices (meta tensors hold no values)
-        groups: dict = {}
-        for i, t in enumerate(tensors):
-            if t.device.type != "meta" and t.numel():
-                groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(i)
-        self.groups = [list(by_dtype.values()) for by_dtype in groups.values()]
+        self.samples = _Samples.of(tensors)
         versions = iter(self.facts[1])
         places = tuple((ptr, next(versions) if v else None) for ptr, v in zip(self.facts[0], self.versioned))
         self.tensors_key = WeightsKey(tuple(layout), places, None)
@@ -163,21 +157,10 @@ class _Memo:
                 tuple(map(_VERSION, [t for t, v in zip(tensors, self.versioned) if v])),
                 tuple(map(_SHAPE, tensors)), tuple(map(_DTYPE, tensors)))
 
-    @torch.no_grad()
-    def fingerprint(self, tensors: list[torch.Tensor]) -> bytes:
-        """The bytes of every tensor's sampled elements: one view per tensor, a cat per device and
-        dtype, one copy to the host per device."""
-        if not self.groups:
-            return b""
-        samples = list(map(torch.as_strided, tensors, self.sizes, self.strides))
-        per_device = [torch.cat([torch.cat([samples[i] for i in idx]).view(torch.uint8) for idx in by_dtype])
-                      for by_dtype in self.groups]
-        return b"".join(p.cpu().numpy().tobytes() for p in per_device)
-
     def with_values(self, tensors: list[torch.Tensor]) -> WeightsKey:
         """:attr:`tensors_key` with the fingerprint read now (the very same key object while it reads
-        the same)."""
-        fingerprint = self.fingerprint(tensors)
+        the same). ``tensors`` are alive (the caller holds them): the samples' addresses are theirs."""
+        fingerprint = self.samples.read()
         if self.key is None or fingerprint != self.key.fingerprint:  # values edited where torch does not count
             self.key = replace(self.tensors_key, fingerprint=fingerprint)
         return self.key
@@ -203,6 +186,42 @@ class _Memo:
 
 
 _MEMOS: "weakref.WeakKeyDictionary[nn.Module, _Memo]" = weakref.WeakKeyDictionary()
+
+
+class _Samples:
+    """The fingerprint's elements: per device, one span table (:class:`labkit.ops.spans.Spans`)
+    gathering ``SAMPLES`` elements of every tensor (meta and empty tensors hold none) into one
+    buffer, which is then copied to the host: one launch and one copy per device, however many
+    tensors (a view and a concatenation of each cost ~1 us of host per tensor)."""
+
+    def __init__(self, parts: list[tuple[Spans, torch.Tensor]]) -> None:
+        self.parts = parts
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor]) -> "_Samples":
+        by_device: dict[torch.device, list[tuple[np.ndarray, int]]] = {}
+        for t in tensors:
+            if t.device.type == "meta" or not t.numel():
+                continue
+            (count,), (stride,) = _sampling(t)
+            size = t.element_size()
+            at = t.data_ptr() + np.arange(count, dtype=np.int64) * stride * size
+            by_device.setdefault(t.device, []).append((at, size))
+        parts = []
+        for device, pieces in by_device.items():
+            src = np.concatenate([at for at, _ in pieces])
+            nbytes = np.concatenate([np.full(at.size, size, dtype=np.int64) for at, size in pieces])
+            buf = torch.empty(int(nbytes.sum()), dtype=torch.uint8, device=device)
+            dst = buf.data_ptr() + np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+            parts.append((Spans(src, dst, nbytes, device), buf))
+        return cls(parts)
+
+    @torch.no_grad()
+    def read(self) -> bytes:
+        """The sampled bytes now (a sync per device: the host waits for the copy)."""
+        for spans, _ in self.parts:
+            spans.run()
+        return b"".join(buf.cpu().numpy().tobytes() for _, buf in self.parts)
 
 
 def weights_key(model: nn.Module, *, values: bool = True) -> WeightsKey:
