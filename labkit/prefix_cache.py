@@ -184,22 +184,14 @@ class _Node:
     def nbytes(self) -> int:
         return (self.layout.kv_bytes if self.kv_slot else 0) + (self.layout.state_bytes if self.state_slot else 0)
 
-    # the pieces as tensors, for looking at a snapshot (views of its slots, made on request)
-    @property
-    def keys(self) -> dict[int, torch.Tensor]:
-        return self.layout.views(self.kv_slot, ("keys",))["keys"]
+    # the pieces as tensors, layer -> tensor, for looking at a snapshot (views of its slots, made on request)
+    keys = property(lambda self: self._views("keys", self.kv_slot))
+    values = property(lambda self: self._views("values", self.kv_slot))
+    conv_states = property(lambda self: self._views("conv", self.state_slot))
+    recurrent_states = property(lambda self: self._views("recurrent", self.state_slot))
 
-    @property
-    def values(self) -> dict[int, torch.Tensor]:
-        return self.layout.views(self.kv_slot, ("values",))["values"]
-
-    @property
-    def conv_states(self) -> dict[int, torch.Tensor]:
-        return self.layout.views(self.state_slot, ("conv",))["conv"]
-
-    @property
-    def recurrent_states(self) -> dict[int, torch.Tensor]:
-        return self.layout.views(self.state_slot, ("recurrent",))["recurrent"]
+    def _views(self, kind: str, slot: Slot | None) -> dict[int, torch.Tensor]:
+        return self.layout.views(slot, (kind,))[kind]
 
 
 class _Store:
