@@ -331,10 +331,11 @@ class PrefixCache:
 
     Snapshots live in slots of two pools (:mod:`labkit.prefix_store`): a KV slot per node and a state
     slot per node with states, allocated as first needed and reused after evictions; the pools never
-    hold more than ``budget_bytes`` together (``reserved_bytes``; :meth:`clear` frees it all). A call's new snapshots are stored by one span table, and a
-    hit is restored by another (:mod:`labkit.ops.copy_spans`: one launch each on a GPU), listed
-    once per (cache, nodes restored) in a :class:`_RestorePlan` and reused by later hits on the same
-    path; a plan is dropped when a node on its path is evicted, and by :meth:`clear`.
+    hold more than ``budget_bytes`` together (``reserved_bytes``; :meth:`clear` frees it all). A
+    call's new snapshots are stored by one span table, and a hit is restored by another
+    (:mod:`labkit.ops.copy_spans`: one launch each on a GPU), listed once per (cache, nodes restored)
+    in a :class:`_RestorePlan` and reused by later hits on the same path; a plan is dropped when a
+    node on its path is evicted, and by :meth:`clear`.
     """
 
     PLANS_PER_CACHE = 64  # restore plans kept per cache (least recently used dropped)
