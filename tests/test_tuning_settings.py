@@ -40,6 +40,10 @@ BEFORE = {
                          "walk_programs_per_sm": 2, "wide_warps": 4, "wide_stages": 2, "walk_blocks_first": False},
 }
 
+# Heuristics changed since, each on a measurement: the single-chunk delta rule at 32 value columns
+# (data/bench/nvidia-h100-80gb-hbm3/gdn-single-sweep.json; the H200 file keeps its 128, never swept there).
+CHANGED_SINCE = {"chunk_delta_rule": {"single_block_v": 32}}
+
 
 def test_the_h200_file_holds_every_setting_the_code_held(gpu_named):
     doc = tuning.read_tuning_file(H200_FILE)
@@ -70,7 +74,8 @@ def test_the_heuristics_are_the_ops_defaults():
     # the kernels the code held constants for, and the first guesses of the persistent step and of
     # gdn_inputs (its block_t and num_warps as the code held them, its grid order new)
     new = ("persistent_decode", "gdn_inputs")
-    assert {k: dict(v) for k, v in tuning.HEURISTICS.items() if k not in new} == BEFORE
+    held = {k: {**v, **CHANGED_SINCE.get(k, {})} for k, v in BEFORE.items()}
+    assert {k: dict(v) for k, v in tuning.HEURISTICS.items() if k not in new} == held
     assert set(tuning.HEURISTICS) == {*BEFORE, *new}
     h = tuning.HEURISTICS
 

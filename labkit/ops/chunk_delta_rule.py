@@ -50,7 +50,8 @@ default where every sequence fits a chunk and sequences x value heads is at most
 heads, K = V = 128; data/bench/nvidia-h200/hit-timeline.json, and as committed in 158eaee for the
 four kernels): 22.4 us of kernel time a layer against 18.3 us for the four kernels, yet the tail's
 graph replay 2.27 ms against 2.30 (the four kernels' gaps) and 54 launches fewer for an eager tail.
-Its one program per head holds a whole [64, 128] chunk: that, not the launches, is what to tune next.
+One program per head held a whole [64, 128] chunk; at 32 value columns per program (four programs
+a head, each repeating the solve) a layer takes 16.5 us against 21.4 on an H100 (``SINGLE_BLOCK_V``).
 
 The forms this module no longer keeps, each timed slower on the H200 (B = 1, 16 heads,
 K = V = 128, bf16; notebook 02 tells the kernel): the fused prepare (X, W, U0 and P in one program:
@@ -157,9 +158,12 @@ WALK_BLOCKS_FIRST = False  # the walk's grid order (see _walk_kernel): helps the
 PREPARE_WARPS = 4
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
-# The single-chunk kernel's value columns per program (the whole head of Qwen3.5's 128) and warps:
-# untuned (the module docstring has its measured cost).
-SINGLE_BLOCK_V = 128
+# The single-chunk kernel's value columns per program and warps. 32 columns (4 programs a head, each
+# repeating the chunk's solve) against whole heads: 16.5 against 21.4 us a layer for a 64-token tail
+# of 16 heads x 128 on an H100, 18.6 at 64 columns, 29.8 at 32 columns and 2 warps, 23.8 for the four
+# kernels (data/bench/nvidia-h100-80gb-hbm3/gdn-single-sweep.json, 2026-12-05): the tail is latency,
+# and the solve, repeated, is cheaper than a whole head's products in one program.
+SINGLE_BLOCK_V = 32
 SINGLE_WARPS = 4
 
 

@@ -85,7 +85,7 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     "fused_prefill": {"capture_at": (2, _positive), "graphs": (4, _positive)},
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
-                         "single_block_v": (128, _pow2), "single_warps": (4, _pow2),
+                         "single_block_v": (32, _pow2), "single_warps": (4, _pow2),
                          "walk_programs_per_sm": (2, _non_negative), "wide_warps": (4, _pow2),
                          "wide_stages": (2, _positive), "walk_blocks_first": (False, _boolean)},
     # A first guess that compiles clean for sm_90 (python -m labkit compile-check): 2 programs of 8
