@@ -325,6 +325,29 @@ def test_benchmark_needs_a_gpu():
         bench_gdn_prefill(variants=("fastest",))
 
 
+def test_benchmark_kernel_table(capsys):
+    """The benchmark's --profile table: fla 0.6's kernels and labkit's summed into the same stages
+    by name, each row's kernels listed with launches, grid x block and registers; a row without a
+    profile (a failed one) is left out."""
+    from labkit.bench.gdn_prefill import GdnPrefillResult, print_kernels, stage
+
+    stages = {"chunk_local_cumsum_scalar_kernel": "solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel": "solve",
+              "_solve_kernel": "solve", "recompute_w_u_fwd_kernel": "products", "_products_kernel": "products",
+              "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "walk", "_walk_kernel": "walk",
+              "chunk_fwd_kernel_o": "output", "_output_kernel": "output", "Memset (Device)": "memory",
+              "_single_chunk_kernel": "other"}
+    assert {name: stage(name) for name in stages} == stages
+    kernels = [dict(name="_walk_kernel", stage="walk", count=1.0, us=120.0, grid=[8, 16, 2], block=[128, 1, 1], regs=242),
+               dict(name="Memset (Device)", stage="memory", count=2.0, us=3.0)]
+    print_kernels([GdnPrefillResult("labkit", 8, 16384, "tuned", ms=0.5, kernels=kernels),
+                   GdnPrefillResult("fla", 8, 16384, error="RuntimeError: no capture")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "kernels, 8 x 2,048 tokens: device us per call by stage"
+    assert out[3].split() == ["labkit", "tuned", "0.0", "0.0", "120.0", "0.0", "3.0", "0.0", "123.0", "500.0"]
+    assert out[4] == "  labkit tuned: _walk_kernel 120.0 [8, 16, 2]x128 r242; Memset (Device) 3.0 x2"
+    assert len(out) == 5
+
+
 @pytest.mark.parametrize("arch", [90, 100])
 def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     """Through Triton's real compiler and ptxas (python -m labkit.lab.compile_check_prefill), which the
