@@ -162,7 +162,8 @@ def kernel_profile(call: Callable[[], object], replays: int = 5) -> list[dict]:
     device = torch.device("cuda", torch.cuda.current_device())
     GRAPHS.warm_up(call, device)
     graph = GRAPHS.capture(call, device)
-    graph.replay()  # the first replay uploads the graph: outside the profile
+    graph.replay()  # the first replay uploads the graph: outside the profile, finished before it starts
+    torch.cuda.synchronize(device)
     prof = profiled(lambda: [graph.replay() for _ in range(replays)], device)
     per_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for e in _device_events(prof):
@@ -314,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m labkit.bench.gdn_prefill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
-    p.add_argument("--packed", nargs=2, type=int, default=list(PACKED), metavar=("SEQUENCES", "TOKENS"))
+    p.add_argument("--packed", nargs="*", type=int, default=list(PACKED), metavar="N",
+                   help="SEQUENCES TOKENS of the packed batch (one varlen call); no values: none")
     p.add_argument("--variants", nargs="*", default=["default"], help=f"launch settings: {', '.join(VARIANTS)}")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--no-fla", action="store_true")
@@ -322,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", nargs="?", type=int, const=5, default=0, metavar="REPLAYS",
                    help="each call's kernels under torch.profiler, over REPLAYS graph replays (default 5)")
     args = p.parse_args(argv)
+    if len(args.packed) not in (0, 2):
+        p.error(f"argument --packed: give SEQUENCES TOKENS, or no values for no packed batch; got {args.packed}")
     # one case at a time, each printed when done: a run cut short keeps what it measured
-    cases = [((length,), None) for length in args.lengths] + [((), tuple(args.packed))]
+    cases = [((length,), None) for length in args.lengths] + ([((), tuple(args.packed))] if args.packed else [])
     rows: list[GdnPrefillResult] = []
     for lengths, packed in cases:
         case_rows = bench_gdn_prefill(lengths, packed, reps=args.reps, with_fla=not args.no_fla,
