@@ -87,8 +87,8 @@ VARIANTS = {
     # warps (219 registers), for a solve whose row-by-row substitution waits on memory, not on
     # arithmetic; the products stay at 4 warps
     "tuned+solve-w2": dict(num_stages=3, output_block_v=128, prepare_warps=2, products_warps=4),
-    # the outputs at 8 warps (fla's chunk_fwd_o takes 128 x 128 tiles at 8 warps on Hopper): 126
-    # registers, 2 programs of 8 warps per SM instead of 3 of 4
+    # the outputs at 8 warps (fla's chunk_fwd_o has 128 x 128 tiles at 8 warps among its autotuned
+    # configurations): 126 registers, 2 programs of 8 warps per SM instead of 3 of 4
     "tuned+output-w8": dict(num_stages=3, output_block_v=128, output_warps=8),
     "tuned+candidates": dict(num_stages=3, output_block_v=128, products_together=True, prepare_warps=2,
                              products_warps=4, output_warps=8),
