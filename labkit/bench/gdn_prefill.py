@@ -156,15 +156,21 @@ def kernel_profile(call: Callable[[], object], replays: int = 5) -> list[dict]:
     """The kernels of one ``call`` as its timing runs them: captured in a CUDA graph, replayed
     ``replays`` times under torch.profiler. Per kernel name: its stage, launches and device
     microseconds per call, and its launch shape where the profiler's trace gives it; longest first."""
+    from torch.profiler import ProfilerActivity
+
     from ..decode.graphs import GRAPHS
-    from .prefill_profile import _device_events, profiled
+    from ..lab.profile import _profiling  # torch.profiler without kineto's start/stop lines on stderr
+    from .prefill_profile import _device_events
 
     device = torch.device("cuda", torch.cuda.current_device())
     GRAPHS.warm_up(call, device)
     graph = GRAPHS.capture(call, device)
     graph.replay()  # the first replay uploads the graph: outside the profile, finished before it starts
     torch.cuda.synchronize(device)
-    prof = profiled(lambda: [graph.replay() for _ in range(replays)], device)
+    with _profiling([ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize(device)
     per_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for e in _device_events(prof):
         per_name[e.name][0] += 1
