@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err
+from conftest import poison_empty, rel_err
+from labkit.ops import chunk_delta_rule as cdr
 from labkit.ops.chunk_delta_rule import CHUNK, chunk_delta_rule, num_checkpoints
 from labkit.ops.delta_rule import delta_rule_recurrent_ref
+from labkit.ops.launch import cdiv
 
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -134,6 +136,43 @@ def test_several_key_heads(Hk, Hv, dtype, device):
     assert rel_err(s, s_ref) < BOUND[dtype]
 
 
+class ProductsSpy:
+    """Stands in for ``_products_kernel``: records each launch's grid, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(tuple(grid))
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_products_together(dtype, device, monkeypatch):
+    """W and U0 of a chunk by one program (products_together=True): packed sequences of odd lengths
+    (70 = 64 + 6, 1, none, 33, 129 = 2 x 64 + 1), three value heads per key head, head dims that are
+    not powers of two, an initial state; every buffer the op allocates (X, W, U0, the walk's) and
+    its outputs poisoned with NaN, so that an element the one program fails to write fails. The
+    same sums in the same order as one program each: the results equal the default's bit for bit,
+    and the recurrence's within the bound; the launch had one program per chunk slot and head."""
+    lengths = [70, 1, 0, 33, 129]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=45, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(46)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    poison_empty(monkeypatch, cdr)
+    spy = ProductsSpy(cdr._products_kernel)
+    monkeypatch.setattr(cdr, "_products_kernel", spy)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, products_together=True)
+    slots = cdiv(sum(lengths), CHUNK) + len(lengths) - 1  # the bound on chunk slots of packed sequences
+    assert spy.grids == [(slots, 3, 1)]
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    assert rel_err(o, o_ref) < BOUND[dtype]  # a NaN left (an element not written) fails
+    assert rel_err(s, s_ref) < BOUND[dtype]
+    o_split, s_split = _run(q, k, v, g, beta, state, cu_seqlens=cu, products_together=False)
+    assert spy.grids[-1] == (slots, 3, 2)
+    assert torch.equal(o, o_split) and torch.equal(s, s_split)
+
+
 def test_bad_settings_are_refused(device):
     q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
     a = (q, k, v, g, beta, state)
@@ -142,7 +181,8 @@ def test_bad_settings_are_refused(device):
                                ("products_warps", 3, "products_warps must be a power of two >= 1, got 3"),
                                ("prepare_warps", 0, "prepare_warps must be a power of two >= 1, got 0"),
                                ("num_warps", None, "num_warps must be a power of two >= 1, got None"),
-                               ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0")]:
+                               ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0"),
+                               ("products_together", 1, "products_together must be True or False, got 1")]:
         with pytest.raises(ValueError, match=match):
             chunk_delta_rule(*a, **{name: value})
     with pytest.raises(TypeError, match="prepare"):  # the forms that measured slower are gone
@@ -283,6 +323,29 @@ def test_benchmark_needs_a_gpu():
         bench_gdn_prefill()
     with pytest.raises(ValueError, match="unknown variants"):
         bench_gdn_prefill(variants=("fastest",))
+
+
+def test_benchmark_kernel_table(capsys):
+    """The benchmark's --profile table: fla 0.6's kernels and labkit's summed into the same stages
+    by name, each row's kernels listed with launches, grid x block and registers; a row without a
+    profile (a failed one) is left out."""
+    from labkit.bench.gdn_prefill import GdnPrefillResult, print_kernels, stage
+
+    stages = {"chunk_local_cumsum_scalar_kernel": "solve", "chunk_gated_delta_rule_fwd_kkt_solve_kernel": "solve",
+              "_solve_kernel": "solve", "recompute_w_u_fwd_kernel": "products", "_products_kernel": "products",
+              "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "walk", "_walk_kernel": "walk",
+              "chunk_fwd_kernel_o": "output", "_output_kernel": "output", "Memset (Device)": "memory",
+              "_single_chunk_kernel": "other"}
+    assert {name: stage(name) for name in stages} == stages
+    kernels = [dict(name="_walk_kernel", stage="walk", count=1.0, us=120.0, grid=[8, 16, 2], block=[128, 1, 1], regs=242),
+               dict(name="Memset (Device)", stage="memory", count=2.0, us=3.0)]
+    print_kernels([GdnPrefillResult("labkit", 8, 16384, "tuned", ms=0.5, kernels=kernels),
+                   GdnPrefillResult("fla", 8, 16384, error="RuntimeError: no capture")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "kernels, 8 x 2,048 tokens: device us per call by stage"
+    assert out[3].split() == ["labkit", "tuned", "0.0", "0.0", "120.0", "0.0", "3.0", "0.0", "123.0", "500.0"]
+    assert out[4] == "  labkit tuned: _walk_kernel 120.0 [8, 16, 2]x128 r242; Memset (Device) 3.0 x2"
+    assert len(out) == 5
 
 
 @pytest.mark.parametrize("arch", [90, 100])

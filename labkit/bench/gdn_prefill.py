@@ -10,12 +10,19 @@ graph pays. Rows give milliseconds, tokens/s, and the bandwidth implied by the b
 move (q, k, v and o, g and beta, the state in and out: the intermediate buffers of either
 implementation are not counted), and labkit's relative RMS difference from fla's output.
 
+``--profile [N]``: each call's graph is also replayed N times (default 5) under torch.profiler,
+and every row gets the device time of each kernel of one call (name, launches, microseconds; its
+grid, block, registers and shared memory as the profiler saw them), in the JSON as the row's
+``kernels``; a table per case sums them by stage, labkit's four kernels beside fla's counterparts
+(:data:`STAGES`), so that a gap between the two can be pinned on a kernel.
+
     python -m labkit.bench.gdn_prefill                      # prints the rows
     python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
     python -m labkit.bench.gdn_prefill --variants default default+ob128   # launch settings
     python -m labkit.bench.gdn_prefill --lengths 4096 16384 --variants tuned-narrow tuned   # the walk of 8 sequences
     python -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
                                                             # a prefix-cache hit's tail: one kernel or several
+    python -m labkit.bench.gdn_prefill --lengths 4096 --variants tuned --profile   # per kernel, beside fla's
 
 The kernel's other forms (fused or merged prepare, dots inverse, stored P, the walk that writes the
 outputs, the sequence split) were deleted from it; their figures are in the committed results and
@@ -24,9 +31,14 @@ labkit.ops.chunk_delta_rule's docstring, and the variants that timed them are in
 
 from __future__ import annotations
 
+import json
+import re
 import sys
-
+import tempfile
+from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +78,31 @@ VARIANTS = {
     "single-chunk+bv32+w2": dict(single_chunk=True, single_block_v=32, single_warps=2),
     "single-chunk+bv16+w2": dict(single_chunk=True, single_block_v=16, single_warps=2),
     "single-chunk+bv64+w8": dict(single_chunk=True, single_block_v=64, single_warps=8),
+    # Candidates for the packed gap to fla (8 x 2,048 tokens: 0.523 against 0.466 ms), on the H200
+    # file's settings; registers and shared memory from python -m labkit.lab.compile_check_prefill
+    # (sm_90). W and U0 by one program per chunk, which reads X once: X (float32, 64 MB at 16,384
+    # tokens x 16 heads) is read from memory once instead of twice (142 registers, 3 programs per SM).
+    "tuned+products-together": dict(num_stages=3, output_block_v=128, products_together=True),
+    # the solve at 2 warps: 255 registers (8 bytes of spills), 4 programs per SM instead of 2 at 4
+    # warps (219 registers), for a solve whose row-by-row substitution waits on memory, not on
+    # arithmetic; the products stay at 4 warps
+    "tuned+solve-w2": dict(num_stages=3, output_block_v=128, prepare_warps=2, products_warps=4),
+    # the outputs at 8 warps (fla's chunk_fwd_o has 128 x 128 tiles at 8 warps among its autotuned
+    # configurations): 126 registers, 2 programs of 8 warps per SM instead of 3 of 4
+    "tuned+output-w8": dict(num_stages=3, output_block_v=128, output_warps=8),
+    "tuned+candidates": dict(num_stages=3, output_block_v=128, products_together=True, prepare_warps=2,
+                             products_warps=4, output_warps=8),
 }
+# The stages of either implementation, by kernel name: labkit's four kernels and fla 0.6's
+# counterparts (its cumsum of the log-decays is part of labkit's solve); memsets and copies apart
+# (fla zero-fills its inverse and the final states).
+STAGES = (
+    ("solve", re.compile(r"solve|kkt|cumsum", re.I)),
+    ("products", re.compile(r"products|recompute_w_u", re.I)),
+    ("walk", re.compile(r"walk|kernel_h", re.I)),
+    ("output", re.compile(r"output|kernel_o\b", re.I)),
+    ("memory", re.compile(r"^memset|^memcpy", re.I)),
+)
 
 
 @dataclass
@@ -81,6 +117,9 @@ class GdnPrefillResult:
     bytes_per_s: float | None = None
     rel_diff_vs_fla: float | None = None
     error: str | None = None
+    # --profile: one call's kernels, longest first: {"name", "stage", "count" (launches per call),
+    # "us" (device time per call), and where the profiler gave them "grid", "block", "regs", "smem"}
+    kernels: list[dict] | None = None
 
 
 def _inputs(sequences: int, length: int, heads: int, dim: int, seed: int = 0, device: str = "cuda") -> dict:
@@ -108,6 +147,56 @@ def _call_bytes(x: dict) -> int:
     return io + g.numel() * g.element_size() + beta.numel() * beta.element_size() + 2 * state.numel() * 4
 
 
+def stage(name: str) -> str:
+    """The stage of a kernel (:data:`STAGES`), by its name; "other" for none of them."""
+    return next((st for st, pattern in STAGES if pattern.search(name)), "other")
+
+
+def kernel_profile(call: Callable[[], object], replays: int = 5) -> list[dict]:
+    """The kernels of one ``call`` as its timing runs them: captured in a CUDA graph, replayed
+    ``replays`` times under torch.profiler. Per kernel name: its stage, launches and device
+    microseconds per call, and its launch shape where the profiler's trace gives it; longest first."""
+    from torch.profiler import ProfilerActivity
+
+    from ..decode.graphs import GRAPHS
+    from ..lab.profile import _profiling  # torch.profiler without kineto's start/stop lines on stderr
+    from .prefill_profile import _device_events
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    GRAPHS.warm_up(call, device)
+    graph = GRAPHS.capture(call, device)
+    graph.replay()  # the first replay uploads the graph: outside the profile, finished before it starts
+    torch.cuda.synchronize(device)
+    with _profiling([ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize(device)
+    per_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for e in _device_events(prof):
+        per_name[e.name][0] += 1
+        per_name[e.name][1] += e.time_range.end - e.time_range.start
+    shapes = _launch_shapes(prof)
+    kernels = [dict(name=n, stage=stage(n), count=c / replays, us=us / replays, **shapes.get(n, {}))
+               for n, (c, us) in per_name.items()]
+    return sorted(kernels, key=lambda k: -k["us"])
+
+
+def _launch_shapes(prof) -> dict[str, dict]:
+    """Grid, block, registers per thread and shared memory of each kernel name, from the profile's
+    Chrome trace (kineto records them per launch; torch's events do not carry them)."""
+    keys = {"grid": "grid", "block": "block", "regs": "registers per thread", "smem": "shared memory"}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    shapes: dict[str, dict] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel" and e.get("name") not in shapes:
+            args = e.get("args", {})
+            shapes[e["name"]] = {k: args[a] for k, a in keys.items() if a in args}
+    return shapes
+
+
 def bench_gdn_prefill(
     lengths: tuple[int, ...] = LENGTHS,
     packed: tuple[int, int] | None = PACKED,
@@ -116,11 +205,15 @@ def bench_gdn_prefill(
     reps: int = 15,
     with_fla: bool = True,
     variants: tuple[str, ...] = ("default",),
+    profile: int = 0,
 ) -> list[GdnPrefillResult]:
-    """One row per (case, implementation, variant). ``variants``: names from VARIANTS."""
+    """One row per (case, implementation, variant). ``variants``: names from VARIANTS. ``profile``:
+    graph replays under torch.profiler for each row's ``kernels`` (0: none)."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    if not isinstance(profile, int) or isinstance(profile, bool) or profile < 0:
+        raise ValueError(f"profile must be a number of replays >= 0, got {profile!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
     from ..ops.chunk_delta_rule import chunk_delta_rule
@@ -144,6 +237,8 @@ def bench_gdn_prefill(
             row.ms = measure(call, device="cuda", graph=True, repeats=reps).ms
             row.tokens_per_s = total / (row.ms * 1e-3)
             row.bytes, row.bytes_per_s = nbytes, nbytes / (row.ms * 1e-3)
+            if profile:
+                row.kernels = kernel_profile(call, profile)
             return row
 
         fla_out = None
@@ -176,8 +271,9 @@ def bench_gdn_prefill(
     return rows
 
 
-def print_rows(rows: list[GdnPrefillResult]) -> None:
-    print(f"{'impl':>7} {'variant':>27} {'seqs':>4} {'tokens':>7} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} {'vs fla':>8}")
+def print_rows(rows: list[GdnPrefillResult], header: bool = True) -> None:
+    if header:
+        print(f"{'impl':>7} {'variant':>27} {'seqs':>4} {'tokens':>7} {'ms':>9} {'Mtok/s':>8} {'GB/s':>7} {'vs fla':>8}")
     for r in rows:
         head = f"{r.impl:>7} {r.variant or '':>27} {r.sequences:>4} {r.tokens:>7}"
         if r.error:
@@ -187,21 +283,64 @@ def print_rows(rows: list[GdnPrefillResult]) -> None:
         print(f"{head} {r.ms:9.3f} {r.tokens_per_s / 1e6:8.2f} {r.bytes_per_s / 1e9:7.0f} {diff:>8}")
 
 
+def print_kernels(rows: list[GdnPrefillResult]) -> None:
+    """Per case, the profiled rows' device microseconds per stage (and their sum, beside the graph
+    replay's time), then each row's kernels: microseconds, launches if not one, grid x block, registers."""
+    stages = [st for st, _ in STAGES] + ["other"]
+    for case in dict.fromkeys((r.sequences, r.tokens) for r in rows if r.kernels):
+        profiled = [r for r in rows if r.kernels and (r.sequences, r.tokens) == case]
+        print(f"\nkernels, {case[0]} x {case[1] // case[0]:,} tokens: device us per call by stage")
+        print(f"{'':34}" + "".join(f"{st:>9}" for st in stages) + f"{'sum':>9}{'replay':>9}")
+        for r in profiled:
+            per = defaultdict(float)
+            for k in r.kernels:
+                per[k["stage"]] += k["us"]
+            label = r.impl if r.variant is None else f"{r.impl} {r.variant}"
+            print(f"  {label[:32]:32}" + "".join(f"{per[st]:9.1f}" for st in stages)
+                  + f"{sum(per.values()):9.1f}{r.ms * 1e3:9.1f}")
+        for r in profiled:
+            label = r.impl if r.variant is None else f"{r.impl} {r.variant}"
+            print(f"  {label}: " + "; ".join(_kernel_text(k) for k in r.kernels))
+
+
+def _kernel_text(k: dict) -> str:
+    """``name us [xN] [grid x block] [rREGS]``, the name cut to 48 characters."""
+    text = f"{k['name'][:48]} {k['us']:.1f}"
+    if k["count"] != 1:
+        text += f" x{k['count']:g}"
+    if "grid" in k and "block" in k:
+        text += f" {k['grid']}x{k['block'][0]}"
+    if "regs" in k:
+        text += f" r{k['regs']}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m labkit.bench.gdn_prefill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", nargs="*", type=int, default=list(LENGTHS))
-    p.add_argument("--packed", nargs=2, type=int, default=list(PACKED), metavar=("SEQUENCES", "TOKENS"))
+    p.add_argument("--packed", nargs="*", type=int, default=list(PACKED), metavar="N",
+                   help="SEQUENCES TOKENS of the packed batch (one varlen call); no values: none")
     p.add_argument("--variants", nargs="*", default=["default"], help=f"launch settings: {', '.join(VARIANTS)}")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--name", help="also write data/bench/<gpu>/<name>.json")
+    p.add_argument("--profile", nargs="?", type=int, const=5, default=0, metavar="REPLAYS",
+                   help="each call's kernels under torch.profiler, over REPLAYS graph replays (default 5)")
     args = p.parse_args(argv)
-    rows = bench_gdn_prefill(tuple(args.lengths), tuple(args.packed), reps=args.reps, with_fla=not args.no_fla,
-                             variants=tuple(args.variants))
-    print_rows(rows)
+    if len(args.packed) not in (0, 2):
+        p.error(f"argument --packed: give SEQUENCES TOKENS, or no values for no packed batch; got {args.packed}")
+    # one case at a time, each printed when done: a run cut short keeps what it measured
+    cases = [((length,), None) for length in args.lengths] + ([((), tuple(args.packed))] if args.packed else [])
+    rows: list[GdnPrefillResult] = []
+    for lengths, packed in cases:
+        case_rows = bench_gdn_prefill(lengths, packed, reps=args.reps, with_fla=not args.no_fla,
+                                      variants=tuple(args.variants), profile=args.profile)
+        print_rows(case_rows, header=not rows or bool(args.profile))  # again below each kernel table
+        print_kernels(case_rows)
+        rows += case_rows
     if args.name:
         import shlex
 

@@ -30,7 +30,8 @@ kernels (fla's chunk path has the same shape):
   inverse; power-series shortcuts ((I - L)(I + L^2)(I + L^4)...) cancel catastrophically when
   keys repeat, so none is used.
 - ``_products_kernel``, per (chunk, value head, part): W (part 0) or U0 (part 1) from the stored X
-  and G, one 64-row product of X whole per column block (stored like the inputs, [tokens, Hv, ...]).
+  and G, one 64-row product of X whole per column block (stored like the inputs, [tokens, Hv, ...]);
+  with ``products_together``, per (chunk, value head): both, from one read of X.
 - ``_walk_kernel``, per (sequence, value head, block of BLOCK_V value columns): walks the chunks in
   order carrying S[:, block] in registers, with only the two products the recurrence needs
   (U = U0 - W S and the state update); stores each chunk's start state S0 and deltas U in the
@@ -156,6 +157,10 @@ WIDE_WARPS = 4
 WIDE_STAGES = 2
 WALK_BLOCKS_FIRST = False  # the walk's grid order (see _walk_kernel): helps the narrow walk only (0.588 ms)
 PREPARE_WARPS = 4
+# W and U0 of a chunk by one program that reads X once, instead of one program each: X is read from
+# memory once, not twice (64 MB less at 16,384 tokens x 16 heads, where X no longer fits L2 between
+# the two parts' programs). Not yet timed: labkit.bench.gdn_prefill's variant tuned+products-together.
+PRODUCTS_TOGETHER = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
 # The single-chunk kernel's value columns per program and warps. 32 columns (4 programs a head, each
@@ -376,39 +381,54 @@ def _solve_kernel(
                      HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
 
 
+@device_function
+def _w_rows(w_ptr, k_ptr, gcum_ptr, t0, hv, hk, X, beta, rm, HK, HV, DK, BLOCK_K: tl.constexpr, KC: tl.constexpr,
+            DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """W = X diag(beta exp(G)) K of the chunk from t0 (rows rm), value head hv, stored at w[t0 + row, hv, :]."""
+    r = tl.arange(0, X.shape[0])
+    cs = beta * tl.exp(tl.load(_at(gcum_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0))
+    _solve_rows_full(_at(w_ptr, t0, HV, hv, DK), HV * DK, _at(k_ptr, t0, HK, hk, DK), HK * DK, DK, BLOCK_K, KC, rm,
+                     X * cs[None, :], DT, DOT_F32, EMULATE_RTNE)
+
+
+@device_function
+def _u_rows(u_ptr, v_ptr, t0, hv, X, beta, rm, HV, DV, BLOCK_DV: tl.constexpr, VC: tl.constexpr,
+            DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """U0 = X diag(beta) V of the chunk from t0 (rows rm), value head hv, stored at u[t0 + row, hv, :]."""
+    _solve_rows_full(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV, BLOCK_DV, VC, rm,
+                     X * beta[None, :], DT, DOT_F32, EMULATE_RTNE)
+
+
 @triton.jit
 def _products_kernel(
     k_ptr, v_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, w_ptr, u_ptr, num_seqs,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, KC: tl.constexpr, VC: tl.constexpr, BLOCK_N: tl.constexpr,
-    SUB: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    SUB: tl.constexpr, TOGETHER: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (chunk slots, HV, 2): from the stored X and G, W = X diag(beta e^G) K (part 0) or
     U0 = X diag(beta) V (part 1), each by its own program, as one [C, C] x [C, cols] product per
     column block (X whole, its zero upper blocks included: one tensor-core tile of 64 rows, as
-    fla's recompute of w and u does)."""
+    fla's recompute of w and u does). With TOGETHER, grid (chunk slots, HV, 1): one program forms
+    both from one read of X (as fla's does), the same sums in the same order."""
     C: tl.constexpr = 4 * SUB
     seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
     hv = tl.program_id(1)
-    part = tl.program_id(2)
     t0 = bos + c * C
     n = tl.minimum(eos - t0, C)
     if n > 0:
         hk = hv // (HV // HK)
-        k_at = _at(k_ptr, t0, HK, hk, DK)
-        gcum_at = _at(gcum_ptr, t0, HV, hv, 1)
         r = tl.arange(0, C)
         rm = r < n
-        x_at = _at(x_ptr, t0, HV, hv, C)
-        X = _tile(x_at, r, rm, HV * C, r, r < C)  # rows past n are another chunk's: masked to 0
-        cs = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
-        if part == 0:
-            cs = cs * tl.exp(tl.load(gcum_at + r * HV, mask=rm, other=0.0))
-            _solve_rows_full(_at(w_ptr, t0, HV, hv, DK), HV * DK, k_at, HK * DK, DK, BLOCK_K, KC, rm, X * cs[None, :],
-                             DT, DOT_F32, EMULATE_RTNE)
+        X = _tile(_at(x_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)  # rows past n are another chunk's: masked to 0
+        beta = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
+        if TOGETHER:
+            _w_rows(w_ptr, k_ptr, gcum_ptr, t0, hv, hk, X, beta, rm, HK, HV, DK, BLOCK_K, KC, DT, DOT_F32, EMULATE_RTNE)
+            _u_rows(u_ptr, v_ptr, t0, hv, X, beta, rm, HV, DV, BLOCK_DV, VC, DT, DOT_F32, EMULATE_RTNE)
+        elif tl.program_id(2) == 0:
+            _w_rows(w_ptr, k_ptr, gcum_ptr, t0, hv, hk, X, beta, rm, HK, HV, DK, BLOCK_K, KC, DT, DOT_F32, EMULATE_RTNE)
         else:
-            _solve_rows_full(_at(u_ptr, t0, HV, hv, DV), HV * DV, _at(v_ptr, t0, HV, hv, DV), HV * DV, DV,
-                             BLOCK_DV, VC, rm, X * cs[None, :], DT, DOT_F32, EMULATE_RTNE)
+            _u_rows(u_ptr, v_ptr, t0, hv, X, beta, rm, HV, DV, BLOCK_DV, VC, DT, DOT_F32, EMULATE_RTNE)
 
 
 # -- the state walk ---------------------------------------------------------------------------------
@@ -742,6 +762,7 @@ def chunk_delta_rule(
     wide_warps: int = WIDE_WARPS,
     wide_stages: int = WIDE_STAGES,
     walk_blocks_first: bool = WALK_BLOCKS_FIRST,
+    products_together: bool = PRODUCTS_TOGETHER,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -783,7 +804,9 @@ def chunk_delta_rule(
         walk_programs_per_sm x SMs (:func:`walk_block_v`), and a widened walk runs at wide_warps
         and wide_stages instead of num_warps and num_stages;
         walk_blocks_first: the walk's programs ordered with the value blocks of a (sequence, head)
-        together (``_walk_kernel``).
+        together (``_walk_kernel``);
+        products_together (``PRODUCTS_TOGETHER``): W and U0 of a chunk by one program, which reads
+        X once, instead of one program each (``_products_kernel``).
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
 
@@ -868,8 +891,9 @@ def chunk_delta_rule(
             raise ValueError(f"{name} must be a number of stages >= 1, got {stages!r}")
     if not isinstance(walk_programs_per_sm, int) or isinstance(walk_programs_per_sm, bool) or walk_programs_per_sm < 0:
         raise ValueError(f"walk_programs_per_sm must be an integer >= 0 (0: never widen), got {walk_programs_per_sm!r}")
-    if not isinstance(walk_blocks_first, bool):
-        raise ValueError(f"walk_blocks_first must be True or False, got {walk_blocks_first!r}")
+    for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
     output_block_v = _checked_block_v("output_block_v", output_block_v, OUTPUT_BLOCK_V, V)
     single_block_v = _checked_block_v("single_block_v", single_block_v, SINGLE_BLOCK_V, V)
@@ -898,10 +922,10 @@ def chunk_delta_rule(
     )
     w = torch.empty(total, Hv, K, dtype=dtype, device=device)
     u = torch.empty(total, Hv, V, dtype=dtype, device=device)
-    _products_kernel[(chunk_slots, Hv, 2)](
+    _products_kernel[(chunk_slots, Hv, 1 if products_together else 2)](
         k, v, beta, cu_seqlens, x, gcum, w, u, N,
         HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
-        BLOCK_N=block_n, SUB=SUB, DT=tl_dtype, **flags, num_warps=products_warps,
+        BLOCK_N=block_n, SUB=SUB, TOGETHER=products_together, DT=tl_dtype, **flags, num_warps=products_warps,
     )
     # the walk: chunk start states and deltas, checkpoints, final states
     unew = torch.empty(total, Hv, V, dtype=dtype, device=device)
