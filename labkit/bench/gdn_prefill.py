@@ -80,7 +80,10 @@ VARIANTS = {
     "single-chunk+bv64+w8": dict(single_chunk=True, single_block_v=64, single_warps=8),
     # Candidates for the packed gap to fla (8 x 2,048 tokens: 0.523 against 0.466 ms), on the H200
     # file's settings; registers and shared memory from python -m labkit.lab.compile_check_prefill
-    # (sm_90). W and U0 by one program per chunk, which reads X once: X (float32, 64 MB at 16,384
+    # (sm_90). Profiled once on an H100 (2026-12-05, --profile 3, the JSON lost to the call's time
+    # limit): tuned 0.629 ms (solve 157, products 152, walk 163, outputs 152 us) against fla's 0.557
+    # (110, 111, 151, 168); products together 0.623, the solve at 2 warps 0.626, outputs at 8 warps
+    # 0.653, all three 0.640: the gap is in the solve and the products, and none of these closes it. W and U0 by one program per chunk, which reads X once: X (float32, 64 MB at 16,384
     # tokens x 16 heads) is read from memory once instead of twice (142 registers, 3 programs per SM).
     "tuned+products-together": dict(num_stages=3, output_block_v=128, products_together=True),
     # the solve at 2 warps: 255 registers (8 bytes of spills), 4 programs per SM instead of 2 at 4

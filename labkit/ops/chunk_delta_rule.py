@@ -159,7 +159,11 @@ WALK_BLOCKS_FIRST = False  # the walk's grid order (see _walk_kernel): helps the
 PREPARE_WARPS = 4
 # W and U0 of a chunk by one program that reads X once, instead of one program each: X is read from
 # memory once, not twice (64 MB less at 16,384 tokens x 16 heads, where X no longer fits L2 between
-# the two parts' programs). Not yet timed: labkit.bench.gdn_prefill's variant tuned+products-together.
+# the two parts' programs). Timed once, at 8 packed sequences x 2,048 tokens on an H100 (2026-12-05,
+# python -m labkit bench gdn-prefill --lengths --packed 8 2048 --profile 3 --variants tuned
+# tuned+products-together; its JSON was lost to the device call's time limit, the printed table is
+# quoted in the closing note of issue 27): the products 143 against 152 us, the call 0.623 against
+# 0.629 ms (fla 0.557). Not the default until single sequences are timed too.
 PRODUCTS_TOGETHER = False
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
