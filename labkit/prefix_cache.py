@@ -95,7 +95,6 @@ checkpoint loaded twice: the same names, shapes, dtypes and sampled values,
 from __future__ import annotations
 
 import math
-import operator
 import time
 import weakref
 from collections import OrderedDict

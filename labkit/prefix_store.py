@@ -34,8 +34,6 @@ from .config import ModelConfig
 from .ops.spans import Spans
 
 ALIGN = 16  # bytes: every piece starts on a 16-byte boundary (16-byte copies where the cache allows)
-KV_KINDS = ("keys", "values")
-STATE_KINDS = ("conv", "recurrent")
 
 
 def _aligned(n: int) -> int:

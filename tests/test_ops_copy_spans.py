@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import rel_err  # noqa: F401  (the suite's comparison helper; exact equality is used here)
 from labkit.ops.copy_spans import BLOCK_BYTES, launch_copy_spans
 from labkit.ops.spans import Spans, _word_and_align, copy_spans_ref, run_table
 

@@ -16,26 +16,23 @@ table of 16-byte aligned pieces (the real models' caches) moves 16 bytes per loa
 
 The addresses are raw pointers: whoever builds a table promises that every span lies inside
 memory it owns and that no destination overlaps a source or another destination of the same
-table (programs run in any order). :class:`labkit.ops.spans.Spans` builds tables from tensors'
-addresses; nothing else in labkit makes one.
+table (programs run in any order).
 
-Tables are built and run through :class:`labkit.ops.spans.Spans` (which imports this module, and
+Tables are built from tensors' addresses, and run, through :class:`labkit.ops.spans.Spans` (which imports this module, and
 so Triton, only when a table runs on a GPU); a table of host memory runs as one ``memmove`` per
 span there (the same copies, for the prefix cache's CPU runs). The kernel itself runs on the CPU in
-Triton's interpreter, where its tests call :func:`launch_copy_spans` directly. ``labkit.ops.spans.copy_spans_ref`` is the plain-torch reference: one
-``copy_`` per (source, destination) tensor pair.
+Triton's interpreter, where its tests call :func:`launch_copy_spans` directly.
+``labkit.ops.spans.copy_spans_ref`` is the plain-torch reference: one ``copy_`` per (source,
+destination) tensor pair.
 """
 
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from .launch import check_tensor
+from .launch import check_devices, check_tensor
 
 BLOCK_BYTES = 16384  # bytes per program: enough work to hide a load's latency, small enough to spread a span
 _WORD_TYPES = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
@@ -63,6 +60,7 @@ def launch_copy_spans(table: torch.Tensor, word: int, align: int, longest: int) 
     ``word``-byte words), every address and length a multiple of ``align`` bytes, the longest span
     ``longest`` words: one launch. Graph-capturable (nothing is read back)."""
     check_tensor("table", table, dtype=torch.int64, shape=(None, 3))
+    check_devices(table=table)
     if word not in _WORD_TYPES:
         raise ValueError(f"word must be 1, 2, 4 or 8 bytes, got {word!r}")
     if align not in (1, 2, 4, 8, 16) or align < word:
