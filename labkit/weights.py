@@ -45,8 +45,9 @@ device, whatever the number of tensors. It is the one part that touches the devi
 host waits for it (a sync; the device is idle where the key is taken, before a prefill, so it
 waits for the copy alone). The design it replaced (a view of each tensor's samples, and
 concatenations per dtype) cost Python and dispatch per tensor (~1 us for each view), and on a GPU
-a concatenation kernel per dtype over hundreds of small inputs (~57 us of device time per read on
-an H100 for Qwen3.5-0.8B's 236 tensors, in a profile of a prefix-cache hit, 2026-12-05). On a CPU
+concatenation kernels over hundreds of small inputs: an H100 profile of a Qwen3.5-0.8B prefix-cache
+hit (236 tensors, 2026-12-05) held four of them, 57 us of device time, which only the fingerprint
+launched on that path (this design's profile has not been taken yet). On a CPU
 the table runs as a memmove per sample (~1 us each: ~2 ms for those 236 tensors; the CPU is where
 the tests run, not the product). Tensors on the meta device hold no values and are not sampled.
 """
