@@ -40,6 +40,10 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _array(xs) -> np.ndarray:
+    return np.asarray(xs, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class Piece:
     """One tensor of a snapshot part: ``kind`` ("keys", "values", "conv", "recurrent") of ``layer``,
@@ -50,18 +54,15 @@ class Piece:
     shape: tuple[int, ...]
     dtype: torch.dtype
     offset: int
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * torch.empty(0, dtype=self.dtype).element_size()
+    nbytes: int
 
 
 def _place(specs: list[tuple[str, int, tuple[int, ...], torch.dtype]]) -> tuple[list[Piece], int]:
     pieces, at = [], 0
     for kind, layer, shape, dtype in specs:
-        piece = Piece(kind, layer, tuple(shape), dtype, at)
-        pieces.append(piece)
-        at = _aligned(at + piece.nbytes)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        pieces.append(Piece(kind, layer, tuple(shape), dtype, at, nbytes))
+        at = _aligned(at + nbytes)
     return pieces, at
 
 
@@ -80,6 +81,8 @@ class SnapshotLayout:
         states += [("recurrent", i, tuple(s.shape[1:]), s.dtype) for i, s in probe.recurrent_states.items()]
         self.kv_pieces, self.kv_bytes = _place(kv)
         self.state_pieces, self.state_bytes = _place(states)
+        self.state_offsets = _array([p.offset for p in self.state_pieces])
+        self.state_nbytes = _array([p.nbytes for p in self.state_pieces])
         if self.kv_layers:
             _, heads, _, head_dim = probe.keys[self.kv_layers[0]].shape
             self.kv_heads, self.head_dim = heads, head_dim
@@ -146,10 +149,6 @@ class SlotPool:
         self.made = 0
 
 
-def _array(xs) -> np.ndarray:
-    return np.asarray(xs, dtype=np.int64)
-
-
 class CacheSpans:
     """Addresses of a cache's buffers where a snapshot's pieces go, for one layout: computed once per
     (cache, layout) and kept in the cache's attachments (its buffers never move)."""
@@ -170,8 +169,8 @@ class CacheSpans:
             self.kv_block_stride = layout.block_size * bufs[0].stride(2) * bufs[0].element_size()  # next block
         states = {"conv": cache.conv_states, "recurrent": cache.recurrent_states}
         self.state_cache = _array([states[p.kind][p.layer].data_ptr() for p in layout.state_pieces])
-        self.state_slot = _array([p.offset for p in layout.state_pieces])
-        self.state_bytes = _array([p.nbytes for p in layout.state_pieces])
+        self.state_slot = layout.state_offsets
+        self.state_bytes = layout.state_nbytes
         self.device = cache.device
 
     @classmethod
@@ -221,7 +220,7 @@ def state_sources(layout: SnapshotLayout, conv: dict[int, torch.Tensor], recurre
         elif t.shape[1] != count:
             raise RuntimeError("the boundary states of the layers disagree on the number of boundaries")
         bases.append(t.data_ptr())
-    return _array(bases), _array([p.nbytes for p in layout.state_pieces]), count or 0
+    return _array(bases), layout.state_nbytes, count or 0
 
 
 def store_states(layout: SnapshotLayout, sources: tuple[np.ndarray, np.ndarray, int], index: np.ndarray,
@@ -232,5 +231,5 @@ def store_states(layout: SnapshotLayout, sources: tuple[np.ndarray, np.ndarray, 
     if not bases.size or not index.size:
         return Spans.empty(device)
     src = (bases[None, :] + index[:, None] * nbytes[None, :]).ravel()
-    dst = (slots[:, None] + _array([p.offset for p in layout.state_pieces])[None, :]).ravel()
+    dst = (slots[:, None] + layout.state_offsets[None, :]).ravel()
     return Spans(src, dst, np.tile(nbytes, index.size), device)
