@@ -32,7 +32,7 @@ class Spans:
     nbytes: np.ndarray
     device: torch.device
     _table: torch.Tensor | None = None
-    _shape: tuple[int, int] | None = None  # (word, align), computed once
+    _shape: tuple[int, int, int] | None = None  # (word, align, longest), computed once
 
     @classmethod
     def empty(cls, device: torch.device) -> "Spans":
@@ -66,21 +66,25 @@ class Spans:
         return int(self.nbytes.sum())
 
     def word_and_align(self) -> tuple[int, int]:
+        return self._shape_once()[:2]
+
+    def _shape_once(self) -> tuple[int, int, int]:
+        """(word, align, the longest span in words), computed on first use: a hit asks on every call."""
         if self._shape is None:
-            self._shape = _word_and_align(np.concatenate([self.src, self.dst]), self.nbytes)
+            word, align = _word_and_align(np.concatenate([self.src, self.dst]), self.nbytes)
+            self._shape = (word, align, int(self.nbytes.max()) // word if len(self) else 0)
         return self._shape
 
     def table(self) -> tuple[torch.Tensor, int, int, int]:
         """(device table [n, 3] int64 of source, destination and words; word bytes; align; the
         longest span in words), made on the first call: uploaded from pinned memory without a sync
         (the device may still be running what these spans read)."""
-        word, align = self.word_and_align()
+        word, align, longest = self._shape_once()
         if self._table is None:
             host = torch.from_numpy(np.stack([self.src, self.dst, self.nbytes // word], axis=1).astype(np.int64))
             if self.device.type == "cuda":
                 host = host.pin_memory()  # torch keeps the pinned block until the copy has run
             self._table = host.to(self.device, non_blocking=True)
-        longest = int(self.nbytes.max()) // word if len(self) else 0
         return self._table, word, align, longest
 
     def run(self) -> None:
