@@ -16,8 +16,9 @@ launch a copy into, each tensor).
 Storing and restoring are tables of ``(source, destination, bytes)`` spans
 (:class:`labkit.ops.spans.Spans`), computed from buffer addresses with numpy, never from
 tensor views: a block of keys is one span per head (the cache's ``[B, heads, max_len, head_dim]``
-buffer holds a block of one head contiguously), a state one span. :func:`store_spans` gives the
-spans of a batch of new snapshots, :func:`restore_spans` those of a restore; each runs as one
+buffer holds a block of one head contiguously), a state one span. :class:`CacheSpans` gives the
+KV spans either way and the states' spans into the cache; :func:`store_states` those of states read
+during a prefill (:func:`state_sources`) into their slots. A call joins them into one table: one
 launch. A node's pieces can still be looked at as tensors (:meth:`SnapshotLayout.views`: views of
 its slot, made on request).
 """
@@ -156,7 +157,7 @@ class CacheSpans:
     def __init__(self, cache: HybridCache, layout: SnapshotLayout) -> None:
         self.layout = layout
         heads = getattr(layout, "kv_heads", 0)
-        kv = [p for p in layout.kv_pieces]
+        kv = layout.kv_pieces
         bufs = [(cache.keys if p.kind == "keys" else cache.values)[p.layer] for p in kv]
         for b in bufs:
             if not b.is_contiguous():
