@@ -548,8 +548,8 @@ class PrefixCache:
             restore.stage()
             cache.reset(zero=False)
             cache.advance_host(start)  # the device lengths are set by the restore
-        else:
-            cache.reset()
+        else:  # a miss: the prefill reads the states from zero and writes its own keys and values
+            cache.reset(keys_values=False)
         # current[r]: the node of row r at the boundary just passed (None: not stored, so no deeper ones)
         current: list[_Node | None] = [p[hit_blocks - 1] if hit_blocks else self.root for p in paths]
         pinned = {id(n) for p in paths for n in p}

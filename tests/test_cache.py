@@ -45,6 +45,28 @@ def test_reset_gives_the_same_logits_as_a_fresh_cache(model):
     assert torch.equal(model(ids, cache=cache), fresh)
 
 
+@pytest.mark.parametrize("kind", ["all", "states", "lengths"])
+def test_reset_zeroes_what_it_says_and_a_prompt_from_zero_reads_no_stale_key(model, kind):
+    """reset() zeroes every buffer; reset(keys_values=False) the states and lengths only (a
+    prefix-cache miss); reset(zero=False) the lengths only. A prompt from position 0 then gives the
+    fresh cache's logits bit for bit in the first two cases: stale keys and values are never read."""
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 9))
+    fresh = model(ids, cache=model.new_cache(2, 16))
+    cache = model.new_cache(2, 16)
+    model(torch.randint(0, model.cfg.vocab_size, (2, 13)), cache=cache)
+    kv = [t.clone() for t in (*cache.keys.values(), *cache.values.values())]
+    cache.reset(**{"all": {}, "states": {"keys_values": False}, "lengths": {"zero": False}}[kind])
+    states = [*cache.conv_states.values(), *cache.recurrent_states.values()]
+    assert cache.lengths.tolist() == [0, 0] and cache.host_lengths == (0, 0)
+    assert all(bool(t.eq(0).all()) for t in states) == (kind != "lengths")
+    after = [*cache.keys.values(), *cache.values.values()]
+    assert all(bool(t.eq(0).all()) for t in after) == (kind == "all")
+    if kind != "all":
+        assert all(torch.equal(a, b) for a, b in zip(after, kv))
+    if kind != "lengths":
+        assert torch.equal(model(ids, cache=cache), fresh)
+
+
 def test_wrong_batch_dtype_device_and_tokens_are_refused(model):
     cache = model.new_cache(batch_size=2, max_len=8)
     with pytest.raises(ValueError, match="batch"):
