@@ -74,7 +74,7 @@ def test_each_sweep_checks_against_its_reference_and_writes_an_entry(kernel, mon
     monkeypatch.setattr(tune_kernels, "ATTENTION_CASES", ((1, 40), (3, 40)))
     monkeypatch.setattr(tune_kernels, "CHUNK_SHAPE", (2, 16))
     monkeypatch.setattr(tune_kernels, "CHUNK_LENGTHS", (70,))
-    monkeypatch.setattr(tune_kernels, "CHECK_LENGTH", 45)
+    monkeypatch.setattr(tune_kernels, "CHECK_LENGTHS", (45, 13))
     monkeypatch.setattr(tune_kernels, "CHUNK_CHOICES", {"num_warps": (4, 8)})
     monkeypatch.setattr(bench_ops, "time_gdn", lambda model, b, block_v=None: _FakeTiming(10.0 * b))
     monkeypatch.setattr(bench_ops, "time_attention", lambda model, b, slots, chunk=None: _FakeTiming(1000.0 / chunk))

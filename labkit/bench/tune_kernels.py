@@ -13,9 +13,10 @@ values over the heuristic): a run never makes the measured cases slower than the
   every (batch, columns) pair is timed once however many rules lead to it;
 - ``attention_decode``: ``min_chunk`` / ``max_chunks`` (positions per program) at batches 1 and 16,
   caches of 2,048 and 8,192 slots nearly full;
-- ``chunk_delta_rule``: the walk's ``block_v``, ``num_warps``, ``num_stages`` and the output
-  kernel's ``output_block_v``, one setting at a time from the current values (coordinate descent:
-  each try is a compile), at T = 4,096 and 16,384, one sequence of 16 heads x 128.
+- ``chunk_delta_rule``: the walk's ``block_v``, ``num_warps``, ``num_stages``, the output
+  kernel's ``output_block_v`` and the single-chunk kernel's ``single_block_v`` (a prefix-cache
+  hit's tail), one setting at a time from the current values (coordinate descent: each try is a
+  compile), at T = 4,096 and 16,384 and a 64-token tail, one sequence of 16 heads x 128.
 
 ``release_early`` (PDL) is not tuned here: it only matters inside the chained step.
 """
@@ -173,10 +174,15 @@ def _attention_trials(device: str, deadline: float | None, log: Callable[[str], 
 
 
 # -- chunked delta rule (prefill) ----------------------------------------------------------------------
-CHUNK_LENGTHS = (4096, 16384)
+# 64: a prefix-cache hit's tail, one chunk, which runs the single-chunk kernel (the other settings
+# do not touch it, nor single_block_v the longer prompts)
+CHUNK_LENGTHS = (4096, 16384, 64)
 CHUNK_SHAPE = (16, 128)  # heads, head dim: Qwen3.5-0.8B's linear-attention layers
-CHUNK_CHOICES = {"block_v": (16, 32), "num_warps": (4, 8), "num_stages": (1, 2, 3), "output_block_v": (64, 128)}
-CHECK_LENGTH = 333  # several chunks and a partial one, short enough for the step-by-step reference
+CHUNK_CHOICES = {"block_v": (16, 32), "num_warps": (4, 8), "num_stages": (1, 2, 3), "output_block_v": (64, 128),
+                 "single_block_v": (16, 32, 64, 128)}
+# several chunks and a partial one, short enough for the step-by-step reference; and a partial chunk
+# alone, which takes the single-chunk kernel
+CHECK_LENGTHS = (333, 61)
 
 
 def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None]) -> list[Trial]:
@@ -186,9 +192,8 @@ def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None
     from .gdn_prefill import _inputs
     from .ops import rel_err
 
-    small = _inputs(1, CHECK_LENGTH, *CHUNK_SHAPE, seed=3, device=device)
-    ref_o, ref_s = delta_rule_recurrent_ref(small["q"], small["k"], small["v"], small["g"], small["beta"],
-                                            small["initial_state"])
+    small = [_inputs(1, t, *CHUNK_SHAPE, seed=3, device=device) for t in CHECK_LENGTHS]
+    refs = [delta_rule_recurrent_ref(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"]) for x in small]
     big = {t: _inputs(1, t, *CHUNK_SHAPE, device=device) for t in CHUNK_LENGTHS}
     current = _current("chunk_delta_rule", device)
 
@@ -196,8 +201,11 @@ def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None
         kw = {k: values[k] for k in CHUNK_CHOICES}
 
         def check() -> float:
-            o, s = chunk_delta_rule(**small, **kw)
-            return max(rel_err(o, ref_o), rel_err(s, ref_s))
+            errs = []
+            for x, (ref_o, ref_s) in zip(small, refs):
+                o, s = chunk_delta_rule(**x, **kw)
+                errs += [rel_err(o, ref_o), rel_err(s, ref_s)]
+            return max(errs)
 
         timings = [(f"T={t}", lambda t=t: measure(lambda: chunk_delta_rule(**big[t], **kw), device=device,
                                                   graph=True, repeats=10).us) for t in CHUNK_LENGTHS]
@@ -223,7 +231,7 @@ TUNERS = {
                                       _gdn_trials),
     "attention_decode": KernelTuner("attention_decode", "both presets' attention step at batches 1 and 16, "
                                     "2,048 and 8,192 cache slots", _attention_trials),
-    "chunk_delta_rule": KernelTuner("chunk_delta_rule", "one sequence of T = 4,096 and 16,384, 16 heads x 128",
+    "chunk_delta_rule": KernelTuner("chunk_delta_rule", "one sequence of T = 4,096, 16,384 and 64, 16 heads x 128",
                                     _chunk_trials),
 }
 
