@@ -33,6 +33,7 @@ def test_hit_host_breaks_a_hit_down_and_checks_it_against_no_cache(tmp_path):
     doc = _doc(tmp_path, "h")
     whole, host = doc["hit: pc.prefill, real tail (ms)"], doc["hit: pc.prefill, tail stubbed = host side (ms)"]
     assert 0 < host < whole  # the stub leaves the tail's prefill out
+    assert 0 < doc["restore: the copies (ms)"] < host  # the stubbed hit runs the restore, and more
     assert doc["tail prefill (5 tokens) (ms)"] > 0 and doc["python calls: weights_key"] > 0
     assert doc["hit vs no cache: rel err of last logits"] < 1e-5  # float32, the same maths
     functions = [r["function"] for r in doc["host side by function (cProfile, its overhead included)"]]

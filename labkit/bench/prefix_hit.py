@@ -11,8 +11,9 @@ tail's prefill, with ``fused+graph``). Defaults: Qwen3.5-0.8B bf16 (random weigh
   included: wall minus busy is time the GPU waited for the host), and the tail alone
   (``prefill_continuation`` between two CUDA events: the input copy and the graph replay).
 - ``hit-host``: the host side. The whole hit with its real tail, and with the tail stubbed out (a
-  constant: what a hit costs the host when the tail is a queued graph replay); the pieces reachable
-  through the public API timed alone (the weights key, the look-up, the tail's prefill); Python
+  constant: what a hit costs the host when the tail is a queued graph replay); the restore's copies
+  alone (the hit's span table, which the stubbed hit runs too); the pieces reachable through the
+  public API timed alone (the weights key, the look-up, the tail's prefill); Python
   calls counted (cProfile), and the stubbed hit's time per labkit function (cProfile's cumulative
   time, the profiler's own overhead included: read it as shares, not as figures); and the hit's
   last-token logits against the whole prompt with no cache.
@@ -190,6 +191,16 @@ def hit_host(model: HybridLM, backend: str, prefix: int, tail: int, block_size: 
     doc["weights_key (ms)"] = _timed_ms(lambda i: weights_key(model), reps, device)
     doc["lookup: pc.lookup(row) (ms)"] = _timed_ms(lambda i: pc.lookup(row(i)[0]), reps, device)
     cache, tail_ids = dec.cache, ids[1][:, prefix:]
+    # the restore alone: the span table of the hits' plan (made by the hits above; reached through
+    # the cache's private plan table, as no public call runs a restore without its tail), run by
+    # itself. The stubbed hit above runs it too (as _HostOnly runs ``before``): the host side is
+    # that less this
+    from ..prefix_cache import _Restore
+
+    plan = next(reversed(cache.attachments[pc._plans_key].plans.values()))
+    restore = _Restore(cache, plan, prefix // block_size * block_size)
+    restore.stage()
+    doc["restore: the copies (ms)"] = _timed_ms(lambda i: restore(), reps, device)
 
     def run_tail(i: int) -> None:
         cache.reset(zero=False)
