@@ -578,7 +578,8 @@ class PrefixCache:
         read = base = None
         if not start:  # a miss into a fresh cache: the rung may run it as its own prefill (fused+graph: replayed)
             read = decoder.prefill_reading(input_ids, every,
-                                           lambda cores, taken: _BoundaryStates(cores, taken, cache, bs, count))
+                                           lambda cores, taken: _BoundaryStates(cores, taken, cache, bs, count),
+                                           ids_checked=True)
         if read is not None:
             logits, boundaries = read
         else:

@@ -208,18 +208,19 @@ class FusedPrefill:
 
     @torch.no_grad()
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
-                        reader: Any) -> tuple[torch.Tensor, Any] | None:
+                        reader: Any, *, ids_checked: bool = False) -> tuple[torch.Tensor, Any] | None:
         """A prefill into a fresh cache through the cores ``reader(cores, checkpoints)`` wraps (what
         :class:`labkit.PrefixCache` reads a miss's block boundaries with), captured and replayed as
         :meth:`prefill` is: under fused+graph, per (prompt shape, ``checkpoint_every``) once it comes
         for the ``capture_at``-th time; the reader of the capture is returned with the logits, its
         tensors rewritten by every replay (read them before the next). None where it is not
-        captured (no graph, a cache holding tokens, a shape not yet due): the caller runs it eagerly."""
+        captured (no graph, a cache holding tokens, a shape not yet due): the caller runs it eagerly.
+        ``ids_checked``: the token ids' range was checked on the host (:meth:`prefill_continuation`)."""
         cache = self.cache
         if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
             return None
         self.refresh()
-        self.model._check_input(input_ids, cache)
+        self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (tuple(input_ids.shape), checkpoint_every)
         self._reading_seen[key] = self._reading_seen.pop(key, 0) + 1
         while len(self._reading_seen) > 64:

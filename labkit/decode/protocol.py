@@ -19,13 +19,14 @@ decoder's attributes: a rung overrides what it does better than the default.
   right before it on the device (PrefixCache's restore: a callable with a hashable ``key``), run by
   the rung as part of the tail (a rung that captures the tail in a CUDA graph captures it too, and
   keys the graph by ``before.key`` as well); default: ``before()``, then :meth:`prefill`.
-- ``prefill_reading(input_ids, checkpoint_every, reader) -> (logits, read) | None``: a prefill into a
+- ``prefill_reading(input_ids, checkpoint_every, reader, ids_checked=) -> (logits, read) | None``: a prefill into a
   fresh cache through cores that ``reader(cores, checkpoints)`` wraps (PrefixCache's boundary
   reader; it returns an object with ``.cores`` and ``.begin()``, called before each forward), run
   the way the rung runs its own prefill (``fused+graph``: captured per prompt shape and replayed,
   the reader's tensors then being the graph's outputs, rewritten by each replay). ``None`` (the
   default, and a rung's answer when it would not capture this call): the caller runs the forward
-  itself, eagerly, with ``prefill_cores``.
+  itself, eagerly, with ``prefill_cores``. ``ids_checked``: the caller has checked the token ids'
+  range on the host (as for ``prefill_continuation``: reading them from the device is a sync).
 - ``hopper_features``: the features of :mod:`labkit.ops.features` (``"pdl"``, ``"bulk_prefetch"``,
   ...: sm_90 and newer) that this decoder's kernels use; empty (the default) for a rung that uses
   none. A rung decides at construction: on a GPU without a feature it takes its path without it, or
@@ -79,7 +80,7 @@ class Decoder:
         return self.prefill(input_ids)
 
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
-                        reader: Any) -> tuple[torch.Tensor, Any] | None:
+                        reader: Any, *, ids_checked: bool = False) -> tuple[torch.Tensor, Any] | None:
         return None
 
     @property
