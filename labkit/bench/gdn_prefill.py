@@ -20,7 +20,7 @@ grid, block, registers and shared memory as the profiler saw them), in the JSON 
     python -m labkit.bench.gdn_prefill --name gdn-prefill   # also writes data/bench/<gpu>/gdn-prefill.json
     python -m labkit.bench.gdn_prefill --variants default default+ob128   # launch settings
     python -m labkit.bench.gdn_prefill --lengths 4096 16384 --variants tuned-narrow tuned   # the walk of 8 sequences
-    python -m labkit.bench.gdn_prefill --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
+    python -m labkit.bench.gdn_prefill --lengths 1 64 --packed --variants multi-kernel single-chunk
                                                             # a prefix-cache hit's tail: one kernel or several
     python -m labkit.bench.gdn_prefill --lengths 4096 --variants tuned --profile   # per kernel, beside fla's
 
@@ -67,7 +67,10 @@ VARIANTS = {
     "tuned+wide64+s1": dict(num_stages=3, output_block_v=128, wide_stages=1),
     "tuned+wide128+w8": dict(num_stages=3, output_block_v=128, walk_programs_per_sm=1, wide_warps=8),
     # a prefix-cache hit's tail (every sequence <= 64 tokens): the single-chunk kernel against the
-    # multi-kernel path; e.g. --lengths 1 64 --packed 8 64 --variants multi-kernel single-chunk
+    # multi-kernel path; e.g. --lengths 1 64 --packed --variants multi-kernel single-chunk. Not with a
+    # packed case: forced on a packed batch under graph capture, the op refuses it (it cannot read the
+    # lengths back to check that each fits a chunk); the packed tails take the op's own choice
+    # (single_chunk=None) in the prefix cache
     "multi-kernel": dict(single_chunk=False),
     "single-chunk": dict(single_chunk=True),
     "single-chunk+bv64": dict(single_chunk=True, single_block_v=64),
