@@ -76,21 +76,3 @@ def test_precision_figure_is_log_log_with_the_rounding_line():
     assert ax.get_xscale() == ax.get_yscale() == "log" and len(ax.lines) == 2
     with pytest.raises(ValueError):
         pcr.precision_figure([])
-
-
-def test_hit_profiles_are_this_gpus_when_both_are_committed_else_the_references(tmp_path, monkeypatch):
-    import json
-
-    from labkit import resources
-
-    for gpu, names in (("ref-gpu", ("hit-timeline", "hit-host")), ("this-gpu", ("hit-timeline", "hit-host")),
-                       ("half-gpu", ("hit-timeline",))):
-        (tmp_path / gpu).mkdir()
-        for name in names:
-            (tmp_path / gpu / f"{name}.json").write_text(json.dumps({"gpu": gpu, "name": name}))
-    monkeypatch.setattr(resources, "bench_dir", lambda: tmp_path)
-    timeline, host, gpu = pcr.hit_profiles("this-gpu", reference="ref-gpu")
-    assert (gpu, timeline["gpu"], timeline["name"], host["name"]) == ("this-gpu", "this-gpu", "hit-timeline", "hit-host")
-    for asked in ("half-gpu", "no-gpu", None):  # one profile alone, none, no GPU: the reference's pair
-        timeline, host, gpu = pcr.hit_profiles(asked, reference="ref-gpu")
-        assert gpu == "ref-gpu" and timeline["gpu"] == host["gpu"] == "ref-gpu"

@@ -36,19 +36,6 @@ def arithmetic_speedup(prefix: int, suffix: int) -> float:
     return (prefix + suffix) / suffix
 
 
-def hit_profiles(gpu: str | None, reference: str = "nvidia-h200") -> tuple[dict, dict, str]:
-    """The two committed profiles of one hit (``bench hit-timeline``, ``bench hit-host``) of ``gpu``
-    (a results folder's name, e.g. this run's GPU) where both are committed, else of ``reference``:
-    (timeline, host, the folder they came from)."""
-    from ..bench.results import results_dir
-    from .notebooks import committed_results
-
-    names = ("hit-timeline", "hit-host")
-    if gpu is None or not all((results_dir() / gpu / f"{n}.json").exists() for n in names):
-        gpu = reference
-    return committed_results(names[0], gpu), committed_results(names[1], gpu), gpu
-
-
 def hit_breakdown(timeline: dict, host: dict) -> dict:
     """One hit's time in three parts, from the two committed profiles of the same hit
     (``bench hit-timeline``: wall clock and the tail's kernels; ``bench hit-host``: the host side with
