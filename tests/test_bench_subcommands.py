@@ -96,3 +96,36 @@ def test_the_persistent_timeline_needs_a_gpu(tmp_path, capsys):
         pytest.skip("this machine has a GPU: tests/gpu/test_gpu_persistent.py stamps a step there")
     assert main(["bench", "persistent-timeline", "--data-dir", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_miss_timeline_times_a_steady_miss_beside_no_cache(tmp_path):
+    assert main(["bench", "miss-timeline", "--tokens", "37", "--block-size", "16", "--repeats", "2", "--device", "cpu",
+                 "--data-dir", str(tmp_path)]) == 0
+    doc = _doc(tmp_path, "miss-timeline")
+    assert doc["kind"] == "profile" and doc["model"] == "tiny-qwen3.5" and doc["tokens"] == 37
+    for name in ("no cache", "steady miss"):
+        assert len(doc[name]["ttft_ms"]) == 2 and doc[name]["span_ms"] > 0
+        assert doc[name]["kernels"] == 0 and doc[name]["first_kernel_ms"] is None  # a CPU: no device kernels
+    assert doc["miss / no cache (ttft medians)"] == pytest.approx(
+        doc["steady miss"]["ttft_median_ms"] / doc["no cache"]["ttft_median_ms"])
+    with pytest.raises(SystemExit):
+        main(["bench", "miss-timeline", "--tokens", "8", "--block-size", "16", "--device", "cpu"])
+
+
+def test_the_miss_timeline_finds_the_device_idle_and_what_the_host_did_meanwhile():
+    from labkit.bench.prefix_miss import timeline
+
+    events = [("call", False, 0.0, 100.0), ("cudaStreamSynchronize", False, 10.0, 40.0), ("launch", False, 45.0, 48.0),
+              ("k1", True, 40.0, 50.0), ("k2", True, 48.0, 60.0), ("k3", True, 62.0, 70.0), ("k4", True, 90.0, 95.0)]
+    got = timeline(events)
+    assert got["span_ms"] == pytest.approx(0.1) and got["kernels"] == 4
+    assert got["busy_ms"] == pytest.approx((20 + 8 + 5) / 1e3)  # k1 and k2 overlap: their union
+    assert got["first_kernel_ms"] == pytest.approx(0.04)
+    # idle: 0-40 (the sync), 70-90; 60-62 is shorter than IDLE_US
+    assert got["idle_stretches"] == 2 and got["idle_ms"] == pytest.approx(0.06)
+    first, second = got["longest_idle"]
+    assert first["us"] == pytest.approx(40) and first["host"][0] == ["call", 40.0]
+    assert ["cudaStreamSynchronize", 30.0] in first["host"]
+    assert second["at_ms"] == pytest.approx(0.07) and [n for n, _ in second["host"]] == ["call"]
+    with pytest.raises(ValueError, match="host"):
+        timeline([("k", True, 0.0, 1.0)])

@@ -15,7 +15,8 @@
 #              8 packed prompts, split choices PREFILL_SPLITS (default "auto 0 16"), into data/bench (~2 min)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
 #   hit        python -m labkit bench hit-timeline, then hit-host: a prefix-cache hit (Qwen3.5-0.8B, 4,096 + 64
-#              tokens, fused+graph) on the clock vs the GPU, and its host side, into data/bench (~2 min)
+#              tokens, fused+graph) on the clock vs the GPU, and its host side; then bench miss-timeline for
+#              both presets (a steady miss of 4,160 tokens against no cache), into data/bench (~3 min)
 # GPU=1 runs on the second GPU of a two-GPU machine; two sessions on two GPUs may run side by side:
 #   (GPU=1 STAGES="train tune" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks gputests" bash tools/gpu_session.sh; wait
 source tools/gpu_env.sh
@@ -77,7 +78,11 @@ for stage in $STAGES; do
     hit)
       timeout ${HIT_TIMEOUT:-100} python3 -m labkit bench hit-timeline > $OUT/hit-timeline.log 2>&1
       timeout ${HIT_TIMEOUT:-100} python3 -m labkit bench hit-host > $OUT/hit-host.log 2>&1
-      tail -30 $OUT/hit-timeline.log $OUT/hit-host.log
+      for m in qwen3.5-0.8b lfm2-350m; do  # a steady miss against no cache, each preset
+        timeout ${HIT_TIMEOUT:-100} python3 -m labkit bench miss-timeline --model $m --name miss-timeline-$m \
+          > $OUT/miss-timeline-$m.log 2>&1
+      done
+      tail -30 $OUT/hit-timeline.log $OUT/hit-host.log $OUT/miss-timeline-*.log
       tar czf $OUT/hit.tgz data/bench ;;
     compile)
       timeout ${COMPILE_TIMEOUT:-200} python3 -m labkit bench decode --impls transformers transformers+compile \

@@ -167,6 +167,7 @@ OWN_PARSERS = {
     "fusion-evidence": ("labkit.bench.fusion_evidence", ()),  # notebook 02's evidence at the real shapes
     "hit-timeline": ("labkit.bench.prefix_hit", ("hit-timeline",)),  # a prefix-cache hit: clock vs GPU time
     "hit-host": ("labkit.bench.prefix_hit", ("hit-host",)),  # a prefix-cache hit's host side, piece by piece
+    "miss-timeline": ("labkit.bench.prefix_miss", ()),  # a prefix-cache miss against no cache: clock vs GPU time
     "ncu-metrics": ("labkit.bench.ncu_metrics", ()),  # which Nsight Compute metric names exist on this GPU
     "persistent-timeline": ("labkit.bench.persistent_timeline", ()),  # one persistent step, stamped on the device
     "pitfalls": ("labkit.bench.pitfalls", ()),  # the article's pitfalls: shared memory past 48 KB, host work, TF32

@@ -1,0 +1,168 @@
+"""A prefix-cache miss against no cache, on the clock and on the device
+(``python -m labkit bench miss-timeline``).
+
+The case is the TTFT bench's steady miss (``bench cache --experiments ttft``): prompts of
+``tokens`` tokens that share nothing, each through ``generate(..., max_new_tokens=1)`` with a
+:class:`labkit.PrefixCache` whose budget holds one prompt's snapshots (so that every miss stores
+its own and evicts the last one's), against the same prompts with no cache. Both pay their
+compiles and captures first (warm-up calls). Then, for each:
+
+- the time to first token as ``generate`` reports it (``ttft_s``), the median of ``repeats`` calls;
+- one more call under ``torch.profiler`` (host calls and device kernels): how long the device was
+  busy and with how many kernels, when its first kernel started after the call began (host work
+  the device waited for), and its idle stretches with the host calls that overlap them (what it
+  waited for: a synchronisation, a copy from the host, launches), longest first.
+
+A miss costs more than no cache by its extra kernels (the snapshots' copies, the boundary states)
+and by the host work the device waits for; this separates the two. Writes
+``data/bench/<gpu>/<name>.json`` (kind ``profile``) with its provenance. Defaults: Qwen3.5-0.8B bf16
+(random weights), ``fused+graph``, 4,160 tokens, block 256 on a GPU; tiny-qwen3.5 float32,
+``reference``, on a CPU (a smoke run: no device kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+from pathlib import Path
+
+import torch
+
+from ..generate import _sync, generate
+from ..lab import workloads as wl
+from ..model import HybridLM, build
+from ..prefix_cache import PrefixCache
+
+IDLE_US = 5.0  # shorter idle stretches between kernels are launch gaps inside a graph, not waits
+HOST_CALLS_PER_GAP = 6
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def timeline(events: list[tuple[str, bool, float, float]], gaps: int = 12) -> dict:
+    """The figures of one profiled call from its events ``(name, on_device, start_us, end_us)``: the
+    call's span (first host event to last event), the device's busy time (the union of its
+    kernels), its kernel count, when the first kernel started, and the ``gaps`` longest idle
+    stretches of the device (at least ``IDLE_US``, from the call's start to its last kernel) with
+    the host calls overlapping each, by overlap."""
+    host = [e for e in events if not e[1]]
+    device = [e for e in events if e[1]]
+    if not host:
+        raise ValueError("no host events: nothing was profiled")
+    start, end = min(e[2] for e in host), max(e[3] for e in events)
+    busy = _merged([(e[2], e[3]) for e in device])
+    idle, prev = [], start
+    for a, b in busy:
+        if a - prev >= IDLE_US:
+            idle.append((prev, a))
+        prev = max(prev, b)
+    rows = []
+    for a, b in sorted(idle, key=lambda g: g[0] - g[1])[:gaps]:
+        overlap: dict[str, float] = {}
+        for name, _, s, e in host:
+            if s < b and e > a:
+                overlap[name] = overlap.get(name, 0.0) + min(b, e) - max(a, s)
+        calls = sorted(overlap.items(), key=lambda kv: -kv[1])[:HOST_CALLS_PER_GAP]
+        rows.append({"at_ms": (a - start) / 1e3, "us": b - a, "host": [[n, round(us, 1)] for n, us in calls]})
+    return {"span_ms": (end - start) / 1e3, "busy_ms": sum(b - a for a, b in busy) / 1e3, "kernels": len(device),
+            "first_kernel_ms": (busy[0][0] - start) / 1e3 if busy else None,
+            "idle_ms": sum(b - a for a, b in idle) / 1e3, "idle_stretches": len(idle), "longest_idle": rows}
+
+
+def _profiled(fn, device: torch.device) -> list[tuple[str, bool, float, float]]:
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    on_device = torch.autograd.DeviceType.CUDA
+    return [(e.name, e.device_type == on_device, e.time_range.start, e.time_range.end) for e in prof.events()]
+
+
+def miss_timeline(model: HybridLM, backend: str, tokens: int, block_size: int, repeats: int) -> dict:
+    """The ``miss-timeline`` figures (module docstring) of prompts of ``tokens`` tokens."""
+    device = model.device
+    prompts = [torch.tensor([list(r.tokens)], dtype=torch.int64, device=device)
+               for r in wl.unrelated(2 * repeats + 6, tokens, model.cfg.vocab_size, seed=tokens)]
+    need = tokens // block_size + 1
+    cache = PrefixCache(model, block_size, need * PrefixCache(model, block_size, 2**62).snapshot_bytes)
+    runs = {"no cache": lambda ids: generate(model, ids, 1, backend=backend),
+            "steady miss": lambda ids: generate(model, ids, 1, backend=backend, prefix_cache=cache)}
+    doc: dict = {"model": model.cfg.name, "dtype": str(model.dtype).removeprefix("torch."), "backend": backend,
+                 "tokens": tokens, "block_size": block_size, "repeats": repeats}
+    for i in range(3):  # compiles and captures: the prefill's graph, the miss's reading graph
+        for run in runs.values():
+            run(prompts[i])
+    for k, (name, run) in enumerate(runs.items()):
+        mine = prompts[3 + k * (repeats + 1): 3 + (k + 1) * (repeats + 1)]
+        ttft = []
+        for ids in mine[:-1]:
+            out = run(ids)
+            if out.prefix_hit:
+                raise RuntimeError("an unrelated prompt hit the cache: the misses are not misses")
+            ttft.append(out.ttft_s * 1e3)
+        doc[name] = {"ttft_ms": ttft, "ttft_median_ms": statistics.median(ttft),
+                     **timeline(_profiled(lambda: run(mine[-1]), device))}
+    doc["miss / no cache (ttft medians)"] = doc["steady miss"]["ttft_median_ms"] / doc["no cache"]["ttft_median_ms"]
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    """``python -m labkit bench miss-timeline [options]``."""
+    from ..config import PRESETS
+    from ..lab.hw import device_facts
+    from .cli import positive_int, results_name
+    from .results import DATA_DIR, write_document
+
+    p = argparse.ArgumentParser(prog="labkit bench miss-timeline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(PRESETS), help="a preset, random weights (default: see above)")
+    p.add_argument("--backend", help="a labkit backend (default fused+graph on a GPU, reference on a CPU)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"])
+    p.add_argument("--tokens", type=positive_int, help="tokens per prompt (default 4160 on a GPU)")
+    p.add_argument("--block-size", type=positive_int, help="the PrefixCache's block (default 256 on a GPU)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed calls of each (median)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--name", type=results_name, default="miss-timeline",
+                   help="results go to data/bench/<gpu>/<name>.json")
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    args = p.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = args.device.startswith("cuda")
+    for name, gpu, cpu in (("model", "qwen3.5-0.8b", "tiny-qwen3.5"), ("backend", "fused+graph", "reference"),
+                           ("dtype", "bfloat16", "float32"), ("tokens", 4160, 37), ("block_size", 256, 16)):
+        if getattr(args, name) is None:
+            setattr(args, name, gpu if cuda else cpu)
+    if args.tokens < args.block_size:
+        p.error(f"argument --tokens: {args.tokens} is shorter than one block (--block-size {args.block_size}): "
+                "a miss would store nothing")
+    if not cuda:
+        from ..lab.notebooks import cpu_environment
+
+        cpu_environment()
+    model = build(args.model, dtype=getattr(torch, args.dtype), device=args.device, seed=0)
+    doc = miss_timeline(model, args.backend, args.tokens, args.block_size, args.repeats)
+    for name in ("no cache", "steady miss"):
+        d = doc[name]
+        first = "-" if d["first_kernel_ms"] is None else f"{d['first_kernel_ms']:.3f}"
+        print(f"{name:12s} TTFT {d['ttft_median_ms']:8.3f} ms | profiled {d['span_ms']:.3f} ms: busy {d['busy_ms']:.3f}, "
+              f"{d['kernels']} kernels, first kernel at {first}, idle {d['idle_ms']:.3f} ms in {d['idle_stretches']}")
+        for g in d["longest_idle"][:6]:
+            print(f"    idle {g['us']:7.1f} us at {g['at_ms']:7.3f} ms: " + ", ".join(f"{n[:40]} {us:.0f}" for n, us in g["host"]))
+    print(f"miss / no cache: {doc['miss / no cache (ttft medians)']:.3f}x")
+    facts = device_facts(args.device, measure=False)
+    command = shlex.join(["python", "-m", "labkit", "bench", "miss-timeline", *argv])
+    path = write_document(args.name, "profile", doc, facts, command=command, data_dir=args.data_dir)
+    print(f"wrote {path}")
+    return 0
