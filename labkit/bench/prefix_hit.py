@@ -225,48 +225,76 @@ def hit_host(model: HybridLM, backend: str, prefix: int, tail: int, block_size: 
     return doc
 
 
-def _defaults(args: argparse.Namespace) -> None:
-    """Fill what was not given: the GPU's case on a GPU, a small one on a CPU."""
-    cuda = args.device.startswith("cuda")
-    for name, gpu, cpu in (("model", "qwen3.5-0.8b", "tiny-qwen3.5"), ("backend", "fused+graph", "reference"),
-                           ("dtype", "bfloat16", "float32"), ("prefix", 4096, 48), ("tail", 64, 5),
-                           ("block_size", 256, 16)):
-        if getattr(args, name) is None:
-            setattr(args, name, gpu if cuda else cpu)
+# what both prefix-cache benches (hit-timeline / hit-host here, miss-timeline in prefix_miss) take
+# and fill alike: the preset, backend and dtype, on a GPU the real case and on a CPU a smoke run
+CASE_DEFAULTS = (("model", "qwen3.5-0.8b", "tiny-qwen3.5"), ("backend", "fused+graph", "reference"),
+                 ("dtype", "bfloat16", "float32"), ("block_size", 256, 16))
 
 
-def main(argv: list[str], what: str) -> int:
-    """``python -m labkit bench hit-timeline|hit-host [options]``."""
+def case_parser(what: str, description: str | None) -> argparse.ArgumentParser:
+    """The options every prefix-cache bench takes (its own are added by the caller)."""
     from ..config import PRESETS
-    from ..lab.hw import device_facts
     from .cli import positive_int, results_name
-    from .results import DATA_DIR, write_document
+    from .results import DATA_DIR
 
-    p = argparse.ArgumentParser(prog=f"labkit bench {what}", description=__doc__,
+    p = argparse.ArgumentParser(prog=f"labkit bench {what}", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(PRESETS), help="a preset, random weights (default: see above)")
     p.add_argument("--backend", help="a labkit backend (default fused+graph on a GPU, reference on a CPU)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"])
-    p.add_argument("--prefix", type=positive_int, help="cached tokens (default 4096 on a GPU)")
-    p.add_argument("--tail", type=positive_int, help="new tokens after them (default 64 on a GPU)")
     p.add_argument("--block-size", type=positive_int, help="the PrefixCache's block (default 256 on a GPU)")
-    count = ("hits", 10, "timed hits") if what == "hit-timeline" else ("reps", 50, "calls timed per piece (median)")
-    p.add_argument(f"--{count[0]}", type=positive_int, default=count[1], help=count[2])
     p.add_argument("--device", default="auto")
     p.add_argument("--name", type=results_name, default=what, help="results go to data/bench/<gpu>/<name>.json")
     p.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    return p
+
+
+def case_arguments(p: argparse.ArgumentParser, argv: list[str], defaults: tuple = ()) -> argparse.Namespace:
+    """``argv`` parsed, with what was not given filled (:data:`CASE_DEFAULTS`, then ``defaults``:
+    (name, on a GPU, on a CPU) each) and, on a CPU, the interpreter's environment set."""
     args = p.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    _defaults(args)
-    if args.prefix < args.block_size:
-        p.error(f"argument --prefix: {args.prefix} is shorter than one block (--block-size {args.block_size}): "
-                "nothing would be cached")
-    if not args.device.startswith("cuda"):
+    cuda = args.device.startswith("cuda")
+    for name, gpu, cpu in (*CASE_DEFAULTS, *defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, gpu if cuda else cpu)
+    if not cuda:
         from ..lab.notebooks import cpu_environment
 
         cpu_environment()
-    model = build(args.model, dtype=getattr(torch, args.dtype), device=args.device, seed=0)
+    return args
+
+
+def case_model(args: argparse.Namespace) -> HybridLM:
+    return build(args.model, dtype=getattr(torch, args.dtype), device=args.device, seed=0)
+
+
+def write_case(args: argparse.Namespace, what: str, argv: list[str], doc: dict) -> None:
+    """``doc`` to data/bench/<gpu>/<args.name>.json (kind ``profile``) with the command that made it."""
+    from ..lab.hw import device_facts
+    from .results import write_document
+
+    command = shlex.join(["python", "-m", "labkit", "bench", what, *argv])
+    path = write_document(args.name, "profile", doc, device_facts(args.device, measure=False), command=command,
+                          data_dir=args.data_dir)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str], what: str) -> int:
+    """``python -m labkit bench hit-timeline|hit-host [options]``."""
+    from .cli import positive_int
+
+    p = case_parser(what, __doc__)
+    p.add_argument("--prefix", type=positive_int, help="cached tokens (default 4096 on a GPU)")
+    p.add_argument("--tail", type=positive_int, help="new tokens after them (default 64 on a GPU)")
+    count = ("hits", 10, "timed hits") if what == "hit-timeline" else ("reps", 50, "calls timed per piece (median)")
+    p.add_argument(f"--{count[0]}", type=positive_int, default=count[1], help=count[2])
+    args = case_arguments(p, argv, (("prefix", 4096, 48), ("tail", 64, 5)))
+    if args.prefix < args.block_size:
+        p.error(f"argument --prefix: {args.prefix} is shorter than one block (--block-size {args.block_size}): "
+                "nothing would be cached")
+    model = case_model(args)
     measure = hit_timeline if what == "hit-timeline" else hit_host
     doc = measure(model, args.backend, args.prefix, args.tail, args.block_size, getattr(args, count[0]))
     for k, v in doc.items():
@@ -276,8 +304,5 @@ def main(argv: list[str], what: str) -> int:
         print(f"{r[2]:9.1f} us  x{r[1]:<4d} {r[0][:110]}")
     for r in doc.get("host side by function (cProfile, its overhead included)", [])[:12]:
         print(f"{r['cumulative_ms_per_hit']:8.3f} ms x{r['calls_per_hit']:<5g} {r['function']}")
-    facts = device_facts(args.device, measure=False)
-    command = shlex.join(["python", "-m", "labkit", "bench", what, *argv])
-    path = write_document(args.name, "profile", doc, facts, command=command, data_dir=args.data_dir)
-    print(f"wrote {path}")
+    write_case(args, what, argv, doc)
     return 0

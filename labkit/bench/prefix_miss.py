@@ -22,16 +22,13 @@ and by the host work the device waits for; this separates the two. Writes
 
 from __future__ import annotations
 
-import argparse
-import shlex
 import statistics
-from pathlib import Path
 
 import torch
 
 from ..generate import _sync, generate
 from ..lab import workloads as wl
-from ..model import HybridLM, build
+from ..model import HybridLM
 from ..prefix_cache import PrefixCache
 
 IDLE_US = 5.0  # shorter idle stretches between kernels are launch gaps inside a graph, not waits
@@ -119,40 +116,17 @@ def miss_timeline(model: HybridLM, backend: str, tokens: int, block_size: int, r
 
 def main(argv: list[str]) -> int:
     """``python -m labkit bench miss-timeline [options]``."""
-    from ..config import PRESETS
-    from ..lab.hw import device_facts
-    from .cli import positive_int, results_name
-    from .results import DATA_DIR, write_document
+    from .cli import positive_int
+    from .prefix_hit import case_arguments, case_model, case_parser, write_case
 
-    p = argparse.ArgumentParser(prog="labkit bench miss-timeline", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=sorted(PRESETS), help="a preset, random weights (default: see above)")
-    p.add_argument("--backend", help="a labkit backend (default fused+graph on a GPU, reference on a CPU)")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"])
+    p = case_parser("miss-timeline", __doc__)
     p.add_argument("--tokens", type=positive_int, help="tokens per prompt (default 4160 on a GPU)")
-    p.add_argument("--block-size", type=positive_int, help="the PrefixCache's block (default 256 on a GPU)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed calls of each (median)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--name", type=results_name, default="miss-timeline",
-                   help="results go to data/bench/<gpu>/<name>.json")
-    p.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    args = p.parse_args(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    cuda = args.device.startswith("cuda")
-    for name, gpu, cpu in (("model", "qwen3.5-0.8b", "tiny-qwen3.5"), ("backend", "fused+graph", "reference"),
-                           ("dtype", "bfloat16", "float32"), ("tokens", 4160, 37), ("block_size", 256, 16)):
-        if getattr(args, name) is None:
-            setattr(args, name, gpu if cuda else cpu)
+    args = case_arguments(p, argv, (("tokens", 4160, 37),))
     if args.tokens < args.block_size:
         p.error(f"argument --tokens: {args.tokens} is shorter than one block (--block-size {args.block_size}): "
                 "a miss would store nothing")
-    if not cuda:
-        from ..lab.notebooks import cpu_environment
-
-        cpu_environment()
-    model = build(args.model, dtype=getattr(torch, args.dtype), device=args.device, seed=0)
-    doc = miss_timeline(model, args.backend, args.tokens, args.block_size, args.repeats)
+    doc = miss_timeline(case_model(args), args.backend, args.tokens, args.block_size, args.repeats)
     for name in ("no cache", "steady miss"):
         d = doc[name]
         first = "-" if d["first_kernel_ms"] is None else f"{d['first_kernel_ms']:.3f}"
@@ -161,8 +135,5 @@ def main(argv: list[str]) -> int:
         for g in d["longest_idle"][:6]:
             print(f"    idle {g['us']:7.1f} us at {g['at_ms']:7.3f} ms: " + ", ".join(f"{n[:40]} {us:.0f}" for n, us in g["host"]))
     print(f"miss / no cache: {doc['miss / no cache (ttft medians)']:.3f}x")
-    facts = device_facts(args.device, measure=False)
-    command = shlex.join(["python", "-m", "labkit", "bench", "miss-timeline", *argv])
-    path = write_document(args.name, "profile", doc, facts, command=command, data_dir=args.data_dir)
-    print(f"wrote {path}")
+    write_case(args, "miss-timeline", argv, doc)
     return 0
