@@ -47,10 +47,11 @@ def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
 
 def timeline(events: list[tuple[str, bool, float, float]], gaps: int = 12) -> dict:
     """The figures of one profiled call from its events ``(name, on_device, start_us, end_us)``: the
-    call's span (first host event to last event), the device's busy time (the union of its
-    kernels), its kernel count, when the first kernel started, and the ``gaps`` longest idle
-    stretches of the device (at least ``IDLE_US``, from the call's start to its last kernel) with
-    the host calls overlapping each, by overlap."""
+    call's span (first host event to last event); the device's busy time (the union of its work)
+    and how many device operations ran (kernels, copies, memsets, as hit-timeline counts them);
+    when the first one started; and the ``gaps`` longest idle stretches of the device (at least
+    ``IDLE_US``, from the call's start to its last operation) with the host calls overlapping each,
+    by overlap."""
     host = [e for e in events if not e[1]]
     device = [e for e in events if e[1]]
     if not host:
@@ -76,14 +77,19 @@ def timeline(events: list[tuple[str, bool, float, float]], gaps: int = 12) -> di
 
 
 def _profiled(fn, device: torch.device) -> list[tuple[str, bool, float, float]]:
+    """``fn``'s host calls and device work under the profiler. Kineto mirrors ``record_function``
+    ranges onto the device timeline, where they would count as busy: those are left out."""
+    from ..lab.profile import _profiling  # torch.profiler without kineto's start/stop lines on stderr
+
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     _sync(device)
-    with torch.profiler.profile(activities=activities) as prof:
+    with _profiling(activities) as prof:
         fn()
         _sync(device)
     on_device = torch.autograd.DeviceType.CUDA
-    return [(e.name, e.device_type == on_device, e.time_range.start, e.time_range.end) for e in prof.events()]
+    return [(e.name, e.device_type == on_device, e.time_range.start, e.time_range.end) for e in prof.events()
+            if not (e.device_type == on_device and getattr(e, "is_user_annotation", False))]
 
 
 def miss_timeline(model: HybridLM, backend: str, tokens: int, block_size: int, repeats: int) -> dict:
