@@ -129,6 +129,7 @@ class Attention(nn.Module):
             F.linear(x, self.wqkv), self.q_norm.weight, self.k_norm.weight, self.inv_freq, keys, values,
             positions, self.dims, self.cfg.norm_eps, self.cfg.norm_unit_offset, attend=cores.attend,
             norm_rope=cores.norm_rope, store_kv=cores.store_kv, output_gate=cores.output_gate,
+            inputs=cores.attention_inputs,
         )
         return cores.project(out, self.wo, residual)
 

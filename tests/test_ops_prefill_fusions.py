@@ -8,8 +8,8 @@ import torch
 
 from conftest import poison_empty, rel_err
 from labkit.ops import prefill_fusions as pf
-from labkit.ops.mixers import (GdnDims, gdn_inputs_ref, norm_rope_ref, output_gate_ref, project_ref, short_conv_ref,
-                               swiglu_ref)
+from labkit.ops.mixers import (GdnDims, attention_inputs_ref, gdn_inputs_ref, norm_rope_ref, output_gate_ref, project_ref,
+                               short_conv_ref, swiglu_ref)
 from labkit.ops.rope import rope_inv_freq
 from labkit.ops.norm import gated_rms_norm_ref, rms_norm_ref
 
@@ -114,6 +114,54 @@ def test_norm_rope_rows_reads_heads_in_place(dtype, rotary, unit_offset, rotated
     assert rel_err(got, want) < BOUND[dtype]
     if rotated_only:  # the same arithmetic on the same values as the all-angles form: the same bits
         assert torch.equal(got, pf.norm_rope_rows(x, w, positions, inv, 1e-6, unit_offset, rotated_only=False))
+
+
+@DTYPES
+@pytest.mark.parametrize("rotary,unit_offset", [(20, False), (6, True)])  # whole head; a part (Qwen3.5)
+def test_attention_inputs_norms_rotates_and_writes_the_cache(dtype, rotary, unit_offset, device):
+    """q and k normed and rotated, k and v written at each token's position, every other slot kept."""
+    B, T, NH, NKV, D, L = 3, 5, 6, 2, 20, 1013
+    proj = _randn(B, T, (NH + 2 * NKV) * D + 3, seed=51, dtype=dtype, device=device, scale=2.0)
+    q, k, v = (x.reshape(B, T, -1, D) for x in proj[..., 3:].split([NH * D, NKV * D, NKV * D], dim=-1))
+    wq, wk = (_randn(D, seed=s, dtype=dtype, device=device, scale=0.3) for s in (52, 53))
+    positions = (torch.arange(T)[None] + torch.tensor([[0], [3], [1000]])).to(device)  # rows differ
+    inv = rope_inv_freq(rotary, 10000.0, device=device)
+    cache = _randn(2, B, NKV, L + 4, D, seed=54, dtype=dtype, device=device)  # views of a longer buffer
+    keys, values = cache[0, :, :, :L], cache[1, :, :, :L]
+    want_keys, want_values = keys.clone(), values.clone()
+    slots = torch.arange(L + 4, device=device).expand(B, -1)
+    got_q, got_pos = pf.attention_inputs(q, k, v, wq, wk, positions, inv, 1e-6, unit_offset, keys, values,
+                                         key_positions=slots)
+    want_q, want_pos = attention_inputs_ref(q, k, v, wq, wk, positions, inv, 1e-6, unit_offset, want_keys, want_values)
+    assert got_q.shape == want_q.shape and got_q.dtype == dtype and got_q.is_contiguous()
+    assert rel_err(got_q, want_q) < BOUND[dtype]
+    assert torch.equal(got_pos, want_pos)
+    assert torch.equal(values, want_values)  # v copied as it is, and nothing else touched
+    written = torch.zeros(B, L, dtype=torch.bool, device=device).scatter_(1, positions, True)
+    assert torch.equal(keys.transpose(1, 2)[~written], want_keys.transpose(1, 2)[~written])
+    assert rel_err(keys.transpose(1, 2)[written], want_keys.transpose(1, 2)[written]) < BOUND[dtype]
+    # the arithmetic of norm_rope_rows (its row sums may add in another order: tiles of other heights)
+    assert rel_err(got_q, pf.norm_rope_rows(q, wq, positions, inv, 1e-6, unit_offset)) < BOUND[dtype]
+    rows = torch.arange(B, device=device)[:, None]
+    assert rel_err(keys[rows, :, positions], pf.norm_rope_rows(k, wk, positions, inv, 1e-6, unit_offset)) < BOUND[dtype]
+    assert torch.isfinite(keys).all() and torch.isfinite(got_q).all()
+
+
+def test_attention_inputs_refuses_bad_input(device):
+    B, T, D = 1, 3, 16
+    q, k, v = (torch.zeros(B, T, h, D, device=device) for h in (2, 1, 1))
+    w, pos, inv = torch.ones(D, device=device), torch.zeros(B, T, dtype=torch.long, device=device), torch.ones(4, device=device)
+    keys, values = torch.zeros(2, B, 1, 8, D, device=device)
+    slots = torch.arange(8, device=device).expand(B, -1)
+    with pytest.raises(TypeError, match="keys must have dtype"):
+        pf.attention_inputs(q, k, v, w, w, pos, inv, 1e-6, False, keys.half(), values, key_positions=slots)
+    with pytest.raises(ValueError, match="k and v must both be"):
+        pf.attention_inputs(q, k, torch.zeros(B, T, 2, D, device=device), w, w, pos, inv, 1e-6, False, keys, values,
+                            key_positions=slots)
+    with pytest.raises(ValueError, match="key_positions has 5 slots"):
+        pf.attention_inputs(q, k, v, w, w, pos, inv, 1e-6, False, keys, values, key_positions=slots[:, :5])
+    with pytest.raises(ValueError, match="must not overlap"):
+        pf.attention_inputs(q, k, v, w, w, pos, inv, 1e-6, False, keys, keys, key_positions=slots)
 
 
 def test_bad_input_is_refused(device):

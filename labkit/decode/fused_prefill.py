@@ -7,10 +7,10 @@ state and writes the final one back in place; SDPA's causal form of attention fo
 start every sequence, and its bottom-right causal form over the keys in use for prompts that
 continue a cache (every row at one length); and one Triton kernel for each element-wise chain
 between the GEMMs (:mod:`labkit.ops.prefill_fusions`: the RMSNorms, the GDN conv + gates + L2 norm
-and its gated output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE and
-its output gate), the convs writing the cache's new windows themselves, the residual adds inside
-the output projections' GEMMs, and the KV cache written by slice copies. It fills the same cache
-the fused step reads.
+and its gated output norm, LFM2's short conv, the MLP's SwiGLU, attention's q/k norm + RoPE with
+the KV cache write, and its output gate), the convs writing the cache's new windows themselves, and
+the residual adds inside the output projections' GEMMs. It fills the same cache the fused step
+reads.
 
 Under ``"fused+graph"`` the prefill of a fresh cache is also captured, one CUDA graph per prompt
 length (the last ``graphs`` lengths kept), once a length comes back (``capture_at``; both from
@@ -42,8 +42,11 @@ from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing
 # - "project_residual": the residual adds inside the output projections' GEMMs (one addmm_ each);
 # - "store_kv_slice": the KV cache written by two slice copies where every row starts at one length;
 # - "output_gate": Qwen3.5 attention's o * sigmoid(gate) in one kernel;
-# - "conv_window_in_place": the conv kernels write the cache's new conv windows themselves.
-FAST_PATHS = {"project_residual": True, "store_kv_slice": True, "output_gate": True, "conv_window_in_place": True}
+# - "conv_window_in_place": the conv kernels write the cache's new conv windows themselves;
+# - "attention_inputs": attention's q/k norm + RoPE and the KV cache write in one kernel (else two
+#   norm + RoPE kernels and the cache write by "store_kv_slice" or the indexed reference).
+FAST_PATHS = {"project_residual": True, "store_kv_slice": True, "output_gate": True, "conv_window_in_place": True,
+              "attention_inputs": True}
 
 
 def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpoint_every: int | None = None,
@@ -85,22 +88,31 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
     mask over the whole buffer (:func:`labkit.ops.mixers.attend_ref`). All three compute the same
     function: this picks a form, not an approximation. With
     ``fusions`` (:mod:`labkit.ops.prefill_fusions`), the element-wise chains between the GEMMs
-    (norms, the convs, the GDN gates and output norm, SwiGLU, q/k norm + RoPE, the output gate) are
-    one kernel each, the convs update the cache's windows in place, and the residual adds are folded
-    into the output projections' GEMMs. When every row starts at one length, the KV cache is
-    written by slice copies (:func:`labkit.ops.mixers.store_kv_slice`). :data:`FAST_PATHS` switches
+    (norms, the convs, the GDN gates and output norm, SwiGLU, the output gate) are one kernel
+    each, and so are attention's q/k norm + RoPE with the KV cache write (a token's slot is its
+    position, whatever the rows' lengths); the convs update the cache's windows in place, and the
+    residual adds are folded into the output projections' GEMMs. Without the fusions, when every
+    row starts at one length, the KV cache is written by slice copies
+    (:func:`labkit.ops.mixers.store_kv_slice`). :data:`FAST_PATHS` switches
     these off one by one (for measurements)."""
     lengths = set(cache.host_lengths)
     start = lengths.pop() if len(lengths) == 1 else None
     attend = attend_ref if start is None else attend_causal if start == 0 else partial(attend_continuing, start=start)
     store_kv = store_kv_ref
-    if start is not None and cache.keys and FAST_PATHS["store_kv_slice"]:
-        # the slots' positions, made once for every layer (the reference makes them per layer)
-        slots = torch.arange(cache.max_len, device=cache.device).expand(cache.batch_size, -1)
+    slice_kv = start is not None and FAST_PATHS["store_kv_slice"]
+    fused_kv = fusions is not None and FAST_PATHS["attention_inputs"]
+    # the slots' positions, made once for every layer (the reference makes them per layer)
+    slots = (torch.arange(cache.max_len, device=cache.device).expand(cache.batch_size, -1)
+             if cache.keys and (slice_kv or fused_kv) else None)
+    if slice_kv and slots is not None:
         store_kv = partial(store_kv_slice, start=start, key_positions=slots)
     if fusions is None:
         return MixerCores(delta_rule=delta_rule, attend=attend, store_kv=store_kv)
     fast = {}
+    norm_rope_settings = tuning.settings("norm_rope", cache.device)
+    if fused_kv and slots is not None:
+        fast["attention_inputs"] = partial(fusions.attention_inputs, key_positions=slots,
+                                           num_warps=norm_rope_settings["num_warps"])
     if FAST_PATHS["project_residual"]:
         fast["project"] = fusions.project_residual
     if FAST_PATHS["output_gate"]:
@@ -112,7 +124,7 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
                       gated_norm=fusions.gated_rms_norm_rows,
                       short_conv=partial(fusions.short_conv_prefill, update_state=in_place),
                       rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows,
-                      norm_rope=partial(fusions.norm_rope_rows, **tuning.settings("norm_rope", cache.device)), **fast)
+                      norm_rope=partial(fusions.norm_rope_rows, **norm_rope_settings), **fast)
 
 
 

@@ -195,6 +195,21 @@ def store_kv_slice(keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor, v:
     return key_positions[:, :keys.shape[2]]
 
 
+def attention_inputs_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor,
+    positions: torch.Tensor, inv_freq: torch.Tensor, eps: float, unit_offset: bool, keys: torch.Tensor,
+    values: torch.Tensor, *, norm_rope: Callable[..., torch.Tensor] | None = None,
+    store_kv: Callable[..., torch.Tensor] = store_kv_ref,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention's inputs into a cache: q and k [B, T, heads, hd] of the projection normed and
+    rotated (``norm_rope``, :func:`norm_rope_ref`), then k and v written into ``keys``, ``values``
+    at ``positions`` (``store_kv``, :func:`store_kv_ref`). Returns (q, the key positions [B, L])."""
+    norm_rope = norm_rope or norm_rope_ref
+    q = norm_rope(q, q_norm_weight, positions, inv_freq, eps, unit_offset)
+    k = norm_rope(k, k_norm_weight, positions, inv_freq, eps, unit_offset)
+    return q, store_kv(keys, values, k, v, positions)
+
+
 def output_gate_ref(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """Attention's output gate (Qwen3.5): o * sigmoid(gate), both [B, T, nh, hd], in their dtype
     (sigmoid's result rounded to it before the product, as torch's ops on the dtype do)."""
@@ -225,9 +240,10 @@ class MixerCores:
     ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
     ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``norm_rope`` as :func:`norm_rope_ref`
     (attention's q and k before the core); ``store_kv`` as :func:`store_kv_ref` (attention's cache
-    write); ``output_gate`` as :func:`output_gate_ref`; ``project`` as :func:`project_ref` (the
-    mixers' and the MLP's output projections, with the residual add: an implementation may update
-    ``residual`` in place and return it); ``conv(x, weight, state) -> (y, new state)`` as
+    write); ``attention_inputs`` as :func:`attention_inputs_ref` (``norm_rope`` of q and k, then
+    ``store_kv``, in one call; None composes those two); ``output_gate`` as :func:`output_gate_ref`;
+    ``project`` as :func:`project_ref` (the mixers' and the MLP's output projections, with the
+    residual add: an implementation may update ``residual`` in place and return it); ``conv(x, weight, state) -> (y, new state)`` as
     :func:`~labkit.ops.causal_conv.causal_conv_ref`, the depthwise causal conv inside the reference
     ``short_conv`` and ``gdn_inputs`` (the prefix cache wraps it to read the conv windows at block
     boundaries; left out, those two references use it).
@@ -245,6 +261,7 @@ class MixerCores:
     store_kv: Callable[..., torch.Tensor] = store_kv_ref
     output_gate: Callable[..., torch.Tensor] = output_gate_ref
     project: Callable[..., torch.Tensor] = project_ref
+    attention_inputs: Callable[..., tuple] | None = None  # None: norm_rope twice, then store_kv
 
     def __post_init__(self) -> None:
         # the references are defined below this class: fill them in where left out
@@ -364,25 +381,30 @@ def attention_ref(
     norm_rope: Callable[..., torch.Tensor] | None = None,
     store_kv: Callable[..., torch.Tensor] = store_kv_ref,
     output_gate: Callable[..., torch.Tensor] = output_gate_ref,
+    inputs: Callable[..., tuple] | None = None,
 ) -> torch.Tensor:
     """Attention after the qkv projection: y [B, T, nh*hd] in proj's dtype.
 
     ``positions`` [B, T] (integer) are the new tokens' positions; sequences may differ. ``keys``,
     ``values`` [B, nkv, L, hd] hold each sequence's earlier tokens at their positions below L; the
     new k, v are written into them (in place, by ``store_kv``) and a query at position p sees every
-    key at a position <= p. Without a cache (None), the T tokens attend among themselves.
+    key at a position <= p. Without a cache (None), the T tokens attend among themselves. With a
+    cache, ``inputs`` (as :func:`attention_inputs_ref`, which ``norm_rope`` and ``store_kv`` make
+    where it is left out) norms and rotates q and k and writes the cache.
     """
     B, T, _ = proj.shape
     nh, nkv, hd = dims.num_heads, dims.num_kv_heads, dims.head_dim
     parts = proj.split(dims.proj_sizes, dim=-1)
     norm_rope = norm_rope or norm_rope_ref
-    q = norm_rope(parts[0].reshape(B, T, nh, hd), q_norm_weight, positions, inv_freq, eps, unit_offset)
-    k = norm_rope(parts[1].reshape(B, T, nkv, hd), k_norm_weight, positions, inv_freq, eps, unit_offset)
+    q, k = parts[0].reshape(B, T, nh, hd), parts[1].reshape(B, T, nkv, hd)
     v = parts[2].reshape(B, T, nkv, hd)
     if keys is None:
+        q = norm_rope(q, q_norm_weight, positions, inv_freq, eps, unit_offset)
+        k = norm_rope(k, k_norm_weight, positions, inv_freq, eps, unit_offset)
         keys, values, key_pos = k.transpose(1, 2), v.transpose(1, 2), positions
     else:
-        key_pos = store_kv(keys, values, k, v, positions)
+        inputs = inputs or partial(attention_inputs_ref, norm_rope=norm_rope, store_kv=store_kv)
+        q, key_pos = inputs(q, k, v, q_norm_weight, k_norm_weight, positions, inv_freq, eps, unit_offset, keys, values)
     out = attend(q.transpose(1, 2), keys, values, positions, key_pos).transpose(1, 2)  # [B, T, nh, hd]
     if dims.output_gate:
         out = output_gate(out, parts[3].reshape(B, T, nh, hd))

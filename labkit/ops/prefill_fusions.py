@@ -39,8 +39,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .launch import (FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_tensor, device_function,
-                     interpreter_flags, next_pow2)
+from .launch import (FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_no_overlap, check_tensor,
+                     device_function, interpreter_flags, interpreting, next_pow2, num_sms)
 from .mixers import GdnDims
 
 
@@ -475,32 +475,29 @@ def short_conv_prefill(
 
 # -- attention: per-head RMSNorm + RoPE of q and k -------------------------------------------------
 @device_function
-def _norm_rope_rotated_only(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
-                            D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_H: tl.constexpr, UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                            EMULATE_RTNE: tl.constexpr):
-    """_norm_rope_kernel's rows with the angles of the rotated channels only: the whole row for its
-    statistics and the pass-through channels, the two halves (i and i + HALF, i < HALF) as tiles
-    of their own (second reads of the same lines) for the rotation."""
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rm = r < rows
+def _norm_rope_tile(x_ptr, x_row, out_ptr, out_row, rm, pos, w_ptr, inv_ptr, eps,
+                    D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                    UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Rows ``x_ptr + x_row`` (BLOCK_R offsets, unit stride along D; ``rm`` masks them) normed and
+    rotated at ``pos`` (float32, one per row) into ``out_ptr + out_row``, with the angles of the
+    rotated channels only: the whole row for its statistics and the pass-through channels, the two
+    halves (i and i + HALF, i < HALF) as tiles of their own (second reads of the same lines) for
+    the rotation."""
     c = tl.arange(0, BLOCK_D)
     cm = c < D
     m = rm[:, None] & cm[None, :]
-    token = r // H
-    base = (token // T) * s_b + (token % T) * s_t + (r % H) * s_h
-    x = tl.load(x_ptr + base[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
     w = tl.load(w_ptr + c, mask=cm, other=0.0).to(tl.float32)
     if UNIT_OFFSET:
         w = w + 1.0
     xn = cast(x * inv_rms[:, None] * w[None, :], OUT_DTYPE, EMULATE_RTNE)
-    tl.store(out_ptr + r[:, None] * D + c[None, :], xn, mask=m & (c >= 2 * HALF)[None, :])
+    tl.store(out_ptr + out_row[:, None] + c[None, :], xn, mask=m & (c >= 2 * HALF)[None, :])
     h = tl.arange(0, BLOCK_H)
     hm = h < HALF
     mh = rm[:, None] & hm[None, :]
-    xa = tl.load(x_ptr + base[:, None] + h[None, :], mask=mh, other=0.0).to(tl.float32)
-    xb = tl.load(x_ptr + base[:, None] + HALF + h[None, :], mask=mh, other=0.0).to(tl.float32)
+    xa = tl.load(x_ptr + x_row[:, None] + h[None, :], mask=mh, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + x_row[:, None] + HALF + h[None, :], mask=mh, other=0.0).to(tl.float32)
     wa = tl.load(w_ptr + h, mask=hm, other=0.0).to(tl.float32)
     wb = tl.load(w_ptr + HALF + h, mask=hm, other=0.0).to(tl.float32)
     if UNIT_OFFSET:
@@ -509,12 +506,27 @@ def _norm_rope_rotated_only(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H,
     xa = cast(xa * inv_rms[:, None] * wa[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
     xb = cast(xb * inv_rms[:, None] * wb[None, :], OUT_DTYPE, EMULATE_RTNE).to(tl.float32)
     freq = tl.load(inv_ptr + h, mask=hm, other=0.0)
-    pos = tl.load(pos_ptr + token, mask=rm, other=0).to(tl.float32)
     angle = pos[:, None] * freq[None, :]
     cos, sin = tl.cos(angle), tl.sin(angle)
-    out_at = out_ptr + r[:, None] * D + h[None, :]
+    out_at = out_ptr + out_row[:, None] + h[None, :]
     tl.store(out_at, cast(xa * cos - xb * sin, OUT_DTYPE, EMULATE_RTNE), mask=mh)
     tl.store(out_at + HALF, cast(xb * cos + xa * sin, OUT_DTYPE, EMULATE_RTNE), mask=mh)
+
+
+@device_function
+def _norm_rope_rotated_only(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, rows, T, H, s_b, s_t, s_h, eps,
+                            D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_H: tl.constexpr, UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                            EMULATE_RTNE: tl.constexpr):
+    """_norm_rope_kernel's rows, (token, head) each, through :func:`_norm_rope_tile` into a
+    contiguous [rows, D] output."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rm = r < rows
+    token = r // H
+    base = (token // T) * s_b + (token % T) * s_t + (r % H) * s_h
+    pos = tl.load(pos_ptr + token, mask=rm, other=0).to(tl.float32)
+    _norm_rope_tile(x_ptr, base, out_ptr, r * D, rm, pos, w_ptr, inv_ptr, eps,
+                    D, HALF, BLOCK_D, BLOCK_H, UNIT_OFFSET, OUT_DTYPE, EMULATE_RTNE)
 
 
 @triton.jit
@@ -597,3 +609,105 @@ def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
         num_warps=num_warps or (4 if rotated_only else 8),
     )
     return out
+
+
+# -- attention: q and k normed and rotated, k and v written into the cache, one launch -------------
+@triton.jit
+def _attention_inputs_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, inv_ptr, q_out_ptr, keys_ptr, values_ptr,
+                             B, T, NH, NKV, q_sb, q_st, q_sh, kv_sb, kv_st, kv_sh, c_sb, c_sh, c_sl, eps,
+                             D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_H: tl.constexpr, UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                             DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """Grid (row blocks, 3): axis 1 picks q (0), k (1) or v (2); a row is one (token, head) of it.
+
+        q_out[b, t, h]           = rope(rmsnorm(q[b, t, h]) * wq, pos[b, t])     contiguous
+        keys[b, h, pos[b, t]]    = rope(rmsnorm(k[b, t, h]) * wk, pos[b, t])     the cache's slot
+        values[b, h, pos[b, t]]  = v[b, t, h]
+
+    (the slot of a token is its position, as :func:`labkit.ops.mixers.store_kv_ref` writes it),
+    each row normed and rotated by :func:`_norm_rope_tile`, :func:`norm_rope_rows`' arithmetic (its
+    row sums may add in another order where the tiles' heights differ: a float32 bit or so)."""
+    part = tl.program_id(1)
+    H = NH if part == 0 else NKV
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rm = r < B * T * H
+    token = r // H
+    b, t, h = token // T, token % T, r % H
+    pos_i = tl.load(pos_ptr + token, mask=rm, other=0).to(tl.int64)
+    slot = b * c_sb + h * c_sh + pos_i * c_sl
+    if part == 0:
+        _norm_rope_tile(q_ptr, b * q_sb + t * q_st + h * q_sh, q_out_ptr, r * D, rm, pos_i.to(tl.float32), qw_ptr,
+                        inv_ptr, eps, D, HALF, BLOCK_D, BLOCK_H, UNIT_OFFSET, OUT_DTYPE, EMULATE_RTNE)
+    elif part == 1:
+        _norm_rope_tile(k_ptr, b * kv_sb + t * kv_st + h * kv_sh, keys_ptr, slot, rm, pos_i.to(tl.float32), kw_ptr,
+                        inv_ptr, eps, D, HALF, BLOCK_D, BLOCK_H, UNIT_OFFSET, OUT_DTYPE, EMULATE_RTNE)
+    else:
+        c = tl.arange(0, BLOCK_D)
+        m = rm[:, None] & (c < D)[None, :]
+        x = tl.load(v_ptr + (b * kv_sb + t * kv_st + h * kv_sh)[:, None] + c[None, :], mask=m)
+        tl.store(values_ptr + slot[:, None] + c[None, :], x, mask=m)
+
+
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, eps: float,
+                     unit_offset: bool, keys: torch.Tensor, values: torch.Tensor, *, key_positions: torch.Tensor,
+                     num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`labkit.ops.mixers.attention_inputs_ref` in one launch: q and k through
+    :func:`norm_rope_rows`' arithmetic, k and v written into the cache at their positions.
+
+    q [B, T, nh, D], k, v [B, T, nkv, D] (views of the projection, unit stride along D, k and v
+    with one layout); ``keys``, ``values`` [B, nkv, L, D] of q's dtype (views of the cache, unit
+    stride along D, one layout); positions [B, T] integer, each below L; ``key_positions``
+    [B, >= L] the slots' positions (0, 1, ...), made once by the caller for every layer. Returns
+    q normed and rotated, contiguous [B, T, nh, D], and ``key_positions[:, :L]``. The caller
+    vouches for the positions (reading them here would sync the device: the model checks the
+    cache's room before a prompt); the shapes are checked. Rows differ freely (a token's slot is its
+    position). ``num_warps``: as :func:`norm_rope_rows`' (the tuning file's ``norm_rope``)."""
+    check_tensor("q", q, dtype=FLOAT_DTYPES, shape=(None, None, None, None), contiguous=False, aligned=False)
+    B, T, NH, D = q.shape
+    for name, t in (("k", k), ("v", v), ("keys", keys), ("values", values)):
+        check_tensor(name, t, dtype=q.dtype, shape=(B, None, None, D), contiguous=False, aligned=False)
+        if t.stride(3) != 1:
+            raise ValueError(f"{name} must have unit stride along its last dim, got strides {t.stride()}")
+    if q.stride(3) != 1:
+        raise ValueError(f"q must have unit stride along its last dim, got strides {q.stride()}")
+    NKV, L = k.shape[2], keys.shape[2]
+    if k.shape != (B, T, NKV, D) or v.shape != k.shape or v.stride() != k.stride():
+        raise ValueError(f"k and v must both be [B, T, nkv, D] = {[B, T, NKV, D]} with one layout, got "
+                         f"{list(k.shape)} / {list(v.shape)}, strides {k.stride()} / {v.stride()}")
+    if keys.shape[1] != NKV or values.shape != keys.shape or values.stride() != keys.stride():
+        raise ValueError(f"keys and values must both be [B, nkv, L, D] = {[B, NKV, L, D]} with one layout, got "
+                         f"{list(keys.shape)} / {list(values.shape)}, strides {keys.stride()} / {values.stride()}")
+    if NH % NKV:
+        raise ValueError(f"q's {NH} heads are not a multiple of k's {NKV}")
+    check_tensor("q_weight", q_weight, dtype=FLOAT_DTYPES, shape=(D,), aligned=False)
+    check_tensor("k_weight", k_weight, dtype=FLOAT_DTYPES, shape=(D,), aligned=False)
+    check_tensor("positions", positions, dtype=(torch.int32, torch.int64), shape=(B, T), aligned=False)
+    check_tensor("inv_freq", inv_freq, dtype=torch.float32, shape=(None,), aligned=False)
+    check_tensor("key_positions", key_positions, shape=(B, None), contiguous=False, aligned=False)
+    if key_positions.shape[1] < L:
+        raise ValueError(f"key_positions has {key_positions.shape[1]} slots, the cache view {L}")
+    half = inv_freq.shape[0]
+    if not 0 < 2 * half <= D:
+        raise ValueError(f"inv_freq has {half} frequencies: rotating {2 * half} channels of {D}")
+    check_devices(q=q, k=k, v=v, q_weight=q_weight, k_weight=k_weight, positions=positions, inv_freq=inv_freq,
+                  keys=keys, values=values, key_positions=key_positions)
+    check_no_overlap([("keys", keys, "values", values)] + [(a, c, b, x) for a, c in (("keys", keys), ("values", values))
+                                                        for b, x in (("q", q), ("k", k), ("v", v))])
+    eps = check_eps("eps", eps)
+    out = torch.empty(B, T, NH, D, dtype=q.dtype, device=q.device)
+    if B * T == 0:
+        return out, key_positions[:, :L]
+    block_r = _rows_block(D)
+    if not interpreting():
+        # a short prompt (a prefix-cache hit's tail) in enough programs to spread over the SMs
+        while block_r > 1 and cdiv(B * T * NH, block_r) < 2 * num_sms(q.device.index):
+            block_r //= 2
+    _attention_inputs_kernel[(cdiv(B * T * NH, block_r), 3)](
+        q, k, v, q_weight, k_weight, positions, inv_freq, out, keys, values, B, T, NH, NKV,
+        *q.stride()[:3], *k.stride()[:3], keys.stride(0), keys.stride(1), keys.stride(2), eps,
+        D=D, HALF=half, BLOCK_R=block_r, BLOCK_D=next_pow2(D), BLOCK_H=next_pow2(half),
+        UNIT_OFFSET=bool(unit_offset), OUT_DTYPE=TORCH_TO_TL[q.dtype], **interpreter_flags(q.dtype),
+        num_warps=num_warps or 4,
+    )
+    return out, key_positions[:, :L]
