@@ -48,7 +48,7 @@ concatenations per dtype) cost Python and dispatch per tensor (~1 us for each vi
 concatenation kernels over hundreds of small inputs: an H100 profile of a Qwen3.5-0.8B prefix-cache
 hit (236 tensors, 2026-12-05) held four of them, 57 us of device time, which only the fingerprint
 launched on that path. This design's profile of the same hit (2026-12-06,
-data/bench/nvidia-h100-80gb-hbm3/hit-timeline-qwen3.5-0.8b.json) has no concatenation: two span-table
+data/bench/nvidia-h100-80gb-hbm3/hit-timeline.json) has no concatenation: two span-table
 launches, the fingerprint's and the restore's, 58 us together. On a CPU
 the table runs as a memmove per sample (~1 us each: ~2 ms for those 236 tensors; the CPU is where
 the tests run, not the product). Tensors on the meta device hold no values and are not sampled.
