@@ -377,3 +377,13 @@ def test_kernels_compile_for_hopper_and_blackwell_at_real_shapes(arch):
     for kernel in ("_gdn_inputs_kernel", "_short_conv_prefill_kernel", "_sigmoid_gate_kernel", "_swiglu_kernel",
                    "_rms_norm_kernel", "_gated_rms_norm_kernel", "_norm_rope_kernel") if fusions else ():
         assert kernel in run.stdout
+
+
+def test_dense_offsets_are_made_once_per_shape(device):
+    """cu_seqlens of dense rows: [0, T, ..., BT], one tensor per (B, T, device), reused by every call."""
+    from labkit.ops.chunk_delta_rule import dense_offsets
+
+    dev = torch.device(device) if device == "cpu" else torch.zeros(0, device=device).device
+    a = dense_offsets(3, 37, dev)
+    assert a.dtype == torch.int32 and a.tolist() == [0, 37, 74, 111]
+    assert dense_offsets(3, 37, dev) is a and dense_offsets(2, 37, dev) is not a

@@ -111,6 +111,7 @@ at 4,096 / 16,384 tokens against fla's 0.172 / 0.632).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -639,6 +640,26 @@ def _single_chunk_kernel(
 
 
 # -- host side --------------------------------------------------------------------------------------
+_DENSE_OFFSETS: OrderedDict[tuple, torch.Tensor] = OrderedDict()  # (B, T, device) -> dense_offsets' tensor
+
+
+def dense_offsets(B: int, T: int, device: torch.device) -> torch.Tensor:
+    """``cu_seqlens`` of B dense rows of T tokens, [0, T, 2T, ..., BT] int32 on ``device``: made once
+    per (B, T, device) and kept (the kernels only read it), so that a prefill's GDN layers do not
+    each launch an arange (18 kernels in a Qwen3.5-0.8B prefill or prefix-cache hit). One made
+    during a CUDA graph capture is not kept: its values are written when the graph replays, not
+    before."""
+    key = (B, T, device)
+    offsets = _DENSE_OFFSETS.get(key)
+    if offsets is None:
+        offsets = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=device)
+        if not (offsets.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _DENSE_OFFSETS[key] = offsets
+            while len(_DENSE_OFFSETS) > 64:
+                _DENSE_OFFSETS.popitem(last=False)
+    return offsets
+
+
 def num_checkpoints(lengths: Sequence[int], every: int) -> int:
     """Rows of the checkpoint buffer: sequence i contributes lengths[i] // every states (after
     every, 2 * every, ... of its tokens), after those of sequences 0..i-1."""
@@ -703,7 +724,7 @@ def _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state,
     Hv, V = v.shape[2], v.shape[3]
     total, device = B * T, q.device
     if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, total + 1, T, dtype=torch.int32, device=device)
+        cu_seqlens = dense_offsets(B, T, device)
     v_blocks = cdiv(V, block_v)
     # X and G of each program's chunk (its own rows: programs of other value blocks have their own)
     x = torch.empty(v_blocks, total, Hv, CHUNK, dtype=torch.float32, device=device)
@@ -909,7 +930,7 @@ def chunk_delta_rule(
     total = B * T
     varlen = cu_seqlens is not None
     if not varlen:
-        cu_seqlens = torch.arange(0, total + 1, T, dtype=torch.int32, device=device)
+        cu_seqlens = dense_offsets(B, T, device)
     flags = interpreter_flags(dtype)
     tl_dtype = TORCH_TO_TL[dtype]
     block_k = max(16, next_pow2(K))
