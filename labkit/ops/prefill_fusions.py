@@ -22,6 +22,8 @@ rounding to the model's dtype at the end. References (one statement of each piec
 - :func:`swiglu_rows`: :func:`labkit.ops.mixers.swiglu_ref`, the MLP's silu(gate) * up;
 - :func:`norm_rope_rows`: :func:`labkit.ops.mixers.norm_rope_ref`, attention's per-head RMSNorm
   and RoPE of q and k, read in place from the projection;
+- :func:`attention_inputs`: :func:`labkit.ops.mixers.attention_inputs_ref`, the same for q and k
+  with k and v written into the KV cache at their positions, one launch for the three;
 - :func:`sigmoid_gate_rows`: :func:`labkit.ops.mixers.output_gate_ref`, Qwen3.5 attention's
   o * sigmoid(gate), the gate read in place from the projection;
 - :func:`project_residual`: :func:`labkit.ops.mixers.project_ref` with the residual add in cuBLAS's
