@@ -99,11 +99,19 @@ def _compile_fusions(args: argparse.Namespace, t0: float) -> int:
         proj = torch.empty(1, T, attn.proj_dim, dtype=bf)
         q = proj[..., :attn.num_heads * attn.head_dim].reshape(1, T, attn.num_heads, attn.head_dim)
         inv = torch.empty(cfg.rotary_dim // 2)
+        q_end, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+        kv_parts = (slice(q_end, q_end + kv), slice(q_end + kv, q_end + 2 * kv))
+        kv_cache = torch.empty(2, 1, attn.num_kv_heads, T, attn.head_dim, dtype=bf)
         calls = {
             "rms_norm_rows": lambda: pf.rms_norm_rows(torch.empty(1, T, Hd, dtype=bf), torch.empty(Hd, dtype=bf), 1e-6),
             "swiglu_rows": lambda: pf.swiglu_rows(torch.empty(1, T, 2 * W, dtype=bf)),
             "norm_rope_rows": lambda: pf.norm_rope_rows(q, torch.empty(attn.head_dim, dtype=bf),
                                                         torch.empty(1, T, dtype=torch.long), inv, 1e-6),
+            "attention_inputs": lambda: pf.attention_inputs(
+                q, *(proj[..., s].reshape(1, T, attn.num_kv_heads, attn.head_dim) for s in kv_parts),
+                torch.empty(attn.head_dim, dtype=bf), torch.empty(attn.head_dim, dtype=bf),
+                torch.empty(1, T, dtype=torch.long), inv, 1e-6, False, *kv_cache,
+                key_positions=torch.empty(1, T, dtype=torch.long)),
         }
         if attn.output_gate:
             o = torch.empty(1, attn.num_heads, T, attn.head_dim, dtype=bf).transpose(1, 2)
