@@ -620,7 +620,7 @@ def _attention_inputs_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, inv_p
                              D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                              BLOCK_H: tl.constexpr, UNIT_OFFSET: tl.constexpr, OUT_DTYPE: tl.constexpr,
                              DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """Grid (row blocks, 3): axis 1 picks q (0), k (1) or v (2); a row is one (token, head) of it.
+    """Grid (q's row blocks + 2 x k's): q's blocks, then k's, then v's; a row is one (token, head).
 
         q_out[b, t, h]           = rope(rmsnorm(q[b, t, h]) * wq, pos[b, t])     contiguous
         keys[b, h, pos[b, t]]    = rope(rmsnorm(k[b, t, h]) * wk, pos[b, t])     the cache's slot
@@ -629,9 +629,15 @@ def _attention_inputs_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, inv_p
     (the slot of a token is its position, as :func:`labkit.ops.mixers.store_kv_ref` writes it),
     each row normed and rotated by :func:`_norm_rope_tile`, :func:`norm_rope_rows`' arithmetic (its
     row sums may add in another order where the tiles' heights differ: a float32 bit or so)."""
-    part = tl.program_id(1)
+    pid = tl.program_id(0)
+    q_blocks = tl.cdiv(B * T * NH, BLOCK_R)
+    kv_blocks = tl.cdiv(B * T * NKV, BLOCK_R)
+    past_q = (pid >= q_blocks).to(tl.int32)
+    past_k = (pid >= q_blocks + kv_blocks).to(tl.int32)
+    part = past_q + past_k
     H = NH if part == 0 else NKV
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    block = pid - past_q * q_blocks - past_k * kv_blocks
+    r = (block * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rm = r < B * T * H
     token = r // H
     b, t, h = token // T, token % T, r % H
@@ -700,12 +706,15 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight
     out = torch.empty(B, T, NH, D, dtype=q.dtype, device=q.device)
     if B * T == 0:
         return out, key_positions[:, :L]
-    block_r = _rows_block(D)
+    # at most 32 rows: at 64 rows of 64 channels (LFM2) this kernel compiles to 128 registers and 56 bytes
+    # of stack for sm_90, at 32 to 72 and 40 (python -m labkit.lab.compile_check_prefill --fusions)
+    block_r = min(_rows_block(D), 32)
     if not interpreting():
         # a short prompt (a prefix-cache hit's tail) in enough programs to spread over the SMs
         while block_r > 1 and cdiv(B * T * NH, block_r) < 2 * num_sms(q.device.index):
             block_r //= 2
-    _attention_inputs_kernel[(cdiv(B * T * NH, block_r), 3)](
+    # every program has rows: the grid is exactly q's blocks, then k's and v's
+    _attention_inputs_kernel[(cdiv(B * T * NH, block_r) + 2 * cdiv(B * T * NKV, block_r),)](
         q, k, v, q_weight, k_weight, positions, inv_freq, out, keys, values, B, T, NH, NKV,
         *q.stride()[:3], *k.stride()[:3], keys.stride(0), keys.stride(1), keys.stride(2), eps,
         D=D, HALF=half, BLOCK_R=block_r, BLOCK_D=next_pow2(D), BLOCK_H=next_pow2(half),
