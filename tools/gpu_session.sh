@@ -14,6 +14,8 @@
 #   prefill    python -m labkit bench gdn-prefill: the chunked delta-rule kernel against fla, T = 1k..64k and
 #              8 packed prompts, split choices PREFILL_SPLITS (default "auto 0 16"), into data/bench (~2 min)
 #   compile    transformers + torch.compile decode peer, into data/bench     (COMPILE_TIMEOUT)
+#   ablate     python -m labkit bench prefill-profile --ablate all: each fast path of the fused prefill
+#              switched off in turn, both presets at 4,096 tokens, into data/bench (~1 min)
 #   hit        python -m labkit bench hit-timeline, then hit-host: a prefix-cache hit (Qwen3.5-0.8B, 4,096 + 64
 #              tokens, fused+graph) on the clock vs the GPU, and its host side; then bench miss-timeline for
 #              both presets (a steady miss of 4,160 tokens against no cache), into data/bench (~3 min)
@@ -84,6 +86,11 @@ for stage in $STAGES; do
       done
       tail -30 $OUT/hit-timeline.log $OUT/hit-host.log $OUT/miss-timeline-*.log
       tar czf $OUT/hit.tgz data/bench ;;
+    ablate)
+      timeout ${ABLATE_TIMEOUT:-200} python3 -m labkit bench prefill-profile --ablate all \
+        --name prefill-profile-ablations > $OUT/ablate.log 2>&1
+      grep -e "==" -e without $OUT/ablate.log
+      tar czf $OUT/ablate.tgz data/bench ;;
     compile)
       timeout ${COMPILE_TIMEOUT:-200} python3 -m labkit bench decode --impls transformers transformers+compile \
         --batch 1 16 --repeats 3 --name compile-peer-decode > $OUT/compile.log 2>&1
