@@ -387,3 +387,15 @@ def test_dense_offsets_are_made_once_per_shape(device):
     a = dense_offsets(3, 37, dev)
     assert a.dtype == torch.int32 and a.tolist() == [0, 37, 74, 111]
     assert dense_offsets(3, 37, dev) is a and dense_offsets(2, 37, dev) is not a
+
+
+def test_dense_offsets_past_the_cap_are_made_per_call_and_none_is_dropped(monkeypatch):
+    """A kept tensor may be read by a captured graph: past the cap, calls make their own instead of
+    evicting one."""
+    monkeypatch.setattr(cdr, "_DENSE_OFFSETS", {})
+    monkeypatch.setattr(cdr, "DENSE_OFFSETS_KEPT", 2)
+    cpu = torch.device("cpu")
+    kept = [cdr.dense_offsets(1, t, cpu) for t in (5, 6)]
+    extra = cdr.dense_offsets(1, 7, cpu)
+    assert extra.tolist() == [0, 7] and cdr.dense_offsets(1, 7, cpu) is not extra
+    assert all(cdr.dense_offsets(1, t, cpu) is k for t, k in zip((5, 6), kept)) and len(cdr._DENSE_OFFSETS) == 2

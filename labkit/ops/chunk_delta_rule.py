@@ -111,7 +111,6 @@ at 4,096 / 16,384 tokens against fla's 0.172 / 0.632).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -640,23 +639,24 @@ def _single_chunk_kernel(
 
 
 # -- host side --------------------------------------------------------------------------------------
-_DENSE_OFFSETS: OrderedDict[tuple, torch.Tensor] = OrderedDict()  # (B, T, device) -> dense_offsets' tensor
+_DENSE_OFFSETS: dict[tuple, torch.Tensor] = {}  # (B, T, device) -> dense_offsets' tensor, never dropped
+DENSE_OFFSETS_KEPT = 4096  # shapes kept (B + 1 int32 each); past them, each call makes its own
 
 
 def dense_offsets(B: int, T: int, device: torch.device) -> torch.Tensor:
     """``cu_seqlens`` of B dense rows of T tokens, [0, T, 2T, ..., BT] int32 on ``device``: made once
     per (B, T, device) and kept (the kernels only read it), so that a prefill's GDN layers do not
-    each launch an arange (18 kernels in a Qwen3.5-0.8B prefill or prefix-cache hit). One made
-    during a CUDA graph capture is not kept: its values are written when the graph replays, not
-    before."""
+    each launch an arange (18 kernels in a Qwen3.5-0.8B prefill or prefix-cache hit). A kept one is
+    never dropped: a CUDA graph captured with it reads its memory at every replay. So past
+    ``DENSE_OFFSETS_KEPT`` shapes nothing more is kept. One made during a capture is not kept
+    either: its values are written when the graph replays, not before."""
     key = (B, T, device)
     offsets = _DENSE_OFFSETS.get(key)
     if offsets is None:
         offsets = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=device)
-        if not (offsets.is_cuda and torch.cuda.is_current_stream_capturing()):
+        capturing = offsets.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and len(_DENSE_OFFSETS) < DENSE_OFFSETS_KEPT:
             _DENSE_OFFSETS[key] = offsets
-            while len(_DENSE_OFFSETS) > 64:
-                _DENSE_OFFSETS.popitem(last=False)
     return offsets
 
 
