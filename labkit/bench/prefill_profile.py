@@ -109,15 +109,6 @@ def _device_events(prof) -> list:
             and not e.name.startswith("labkit::")]
 
 
-def _union_ms(spans: list[tuple[float, float]]) -> float:
-    busy, end = 0.0, float("-inf")
-    for s, e in sorted(spans):
-        if e > end:
-            busy += e - max(s, end)
-            end = e
-    return busy / 1e3
-
-
 def profiled(call: Callable[[], object], device: torch.device):
     """``call()`` once under torch.profiler (CPU and CUDA activity), synchronised inside it."""
     from torch.profiler import ProfilerActivity, profile
@@ -132,6 +123,7 @@ def profiled(call: Callable[[], object], device: torch.device):
 
 def summarize(prof, row: ProfiledPrefill) -> None:
     """Fill ``row``'s kernel table, counts and busy time from a profile of one call."""
+    from ..lab.profile import _union_ms
     events = _device_events(prof)
     per_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for e in events:

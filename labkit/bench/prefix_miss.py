@@ -35,16 +35,6 @@ IDLE_US = 5.0  # shorter idle stretches between kernels are launch gaps inside a
 HOST_CALLS_PER_GAP = 6
 
 
-def _merged(intervals: list[tuple[float, float]]) -> list[list[float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
 def timeline(events: list[tuple[str, bool, float, float]], gaps: int = 12) -> dict:
     """The figures of one profiled call from its events ``(name, on_device, start_us, end_us)``: the
     call's span (first host event to last event); the device's busy time (the union of its work)
@@ -52,12 +42,14 @@ def timeline(events: list[tuple[str, bool, float, float]], gaps: int = 12) -> di
     when the first one started; and the ``gaps`` longest idle stretches of the device (at least
     ``IDLE_US``, from the call's start to its last operation) with the host calls overlapping each,
     by overlap."""
+    from ..lab.profile import merged_spans
+
     host = [e for e in events if not e[1]]
     device = [e for e in events if e[1]]
     if not host:
         raise ValueError("no host events: nothing was profiled")
     start, end = min(e[2] for e in host), max(e[3] for e in events)
-    busy = _merged([(e[2], e[3]) for e in device])
+    busy = merged_spans([(e[2], e[3]) for e in device])
     idle, prev = [], start
     for a, b in busy:
         if a - prev >= IDLE_US:

@@ -214,14 +214,20 @@ def _is_kernel(e) -> bool:
     return not getattr(e, "is_user_annotation", False)
 
 
-def _union_ms(spans: list[tuple[float, float]]) -> float:
-    busy, end = 0.0, float("-inf")
+def merged_spans(spans: list[tuple[float, float]]) -> list[list[float]]:
+    """The union of the intervals ``spans`` as disjoint [start, end] intervals, in order."""
+    out: list[list[float]] = []
     for s, e in sorted(spans):
-        if e <= end:
-            continue
-        busy += e - max(s, end)
-        end = e
-    return busy / 1e3
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _union_ms(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of ``spans`` (microseconds, as the profiler's) in milliseconds."""
+    return sum(e - s for s, e in merged_spans(spans)) / 1e3
 
 
 # Kineto (torch.profiler's engine) writes one of these to the process's stderr, from C++, each time a
