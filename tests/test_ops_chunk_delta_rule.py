@@ -173,46 +173,6 @@ def test_products_together(dtype, device, monkeypatch):
     assert torch.equal(o, o_split) and torch.equal(s, s_split)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_solve_in_registers(dtype, device, monkeypatch):
-    """The solve with L in registers (solve_in_registers=True), over 16 or 32 key columns at a time
-    (head dim 20: a partial second slice), with X in the input dtype and the products from one
-    read of it: packed sequences of odd lengths (70, 1, none, 33, 129), three value heads per key
-    head, an initial state, checkpoints; every buffer the op allocates poisoned with NaN, so that
-    an unwritten element of X (its zero blocks above the diagonal included) fails. Each setting
-    meets the recurrence within the bound and the parked solve's result closely; in float32 X in
-    the input dtype is X in float32, so those two agree bit for bit."""
-    lengths = [70, 1, 0, 33, 129]
-    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=47, dtype=dtype, device=device)
-    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(48)).to(device)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
-    poison_empty(monkeypatch, cdr)
-    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
-    ckpt = _poisoned(num_checkpoints(lengths, 64), 3, 20, 24, device=device)
-    o_parked, s_parked = _run(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=False)
-    close = 1e-6 if dtype == torch.float32 else 1e-2
-    results = []
-    for kw in (dict(solve_block_k=16), dict(), dict(x_in_input_dtype=True, products_together=True)):
-        o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=False, solve_in_registers=True,
-                    checkpoints=ckpt, checkpoint_every=64, **kw)
-        assert rel_err(o, o_ref) < BOUND[dtype] and rel_err(s, s_ref) < BOUND[dtype], kw
-        assert rel_err(o, o_parked) < close and rel_err(s, s_parked) < close, kw
-        assert not ckpt.isnan().any()
-        results.append((o.clone(), s.clone()))
-    if dtype == torch.float32:
-        assert torch.equal(results[1][0], results[2][0]) and torch.equal(results[1][1], results[2][1])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_single_chunk_solve_in_registers(dtype, device):
-    """The single-chunk kernel with L in registers: batch 3 of 50 tokens (a partial chunk), two
-    value heads per key head, head dims that are not powers of two, an initial state."""
-    q, k, v, g, beta, state = _inputs(3, 50, 1, 2, 20, 24, seed=49, dtype=dtype, device=device)
-    o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta, state)
-    o, s = _run(q, k, v, g, beta, state, single_chunk=True, solve_in_registers=True)
-    assert rel_err(o, o_ref) < BOUND[dtype] and rel_err(s, s_ref) < BOUND[dtype]
-
-
 def test_bad_settings_are_refused(device):
     q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
     a = (q, k, v, g, beta, state)
@@ -222,9 +182,7 @@ def test_bad_settings_are_refused(device):
                                ("prepare_warps", 0, "prepare_warps must be a power of two >= 1, got 0"),
                                ("num_warps", None, "num_warps must be a power of two >= 1, got None"),
                                ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0"),
-                               ("products_together", 1, "products_together must be True or False, got 1"),
-                               ("solve_block_k", 24, "solve_block_k must be a power of two >= 16, got 24"),
-                               ("x_in_input_dtype", True, "x_in_input_dtype=True needs solve_in_registers=True")]:
+                               ("products_together", 1, "products_together must be True or False, got 1")]:
         with pytest.raises(ValueError, match=match):
             chunk_delta_rule(*a, **{name: value})
     with pytest.raises(TypeError, match="prepare"):  # the forms that measured slower are gone

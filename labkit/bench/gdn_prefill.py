@@ -88,6 +88,8 @@ VARIANTS = {
     # (110, 111, 151, 168); products together 0.623, the solve at 2 warps 0.626, outputs at 8 warps
     # 0.653, all three 0.640: the gap is in the solve and the products, and none of these closes it. W and U0 by one program per chunk, which reads X once: X (float32, 64 MB at 16,384
     # tokens x 16 heads) is read from memory once instead of twice (142 registers, 3 programs per SM).
+    # (products together became the default on 2026-12-06: labkit.ops.chunk_delta_rule.PRODUCTS_TOGETHER;
+    # the solve with L in registers, timed by the variants tuned+registers* of commit 61db211, was slower)
     "tuned+products-together": dict(num_stages=3, output_block_v=128, products_together=True),
     # the solve at 2 warps: 255 registers (8 bytes of spills), 4 programs per SM instead of 2 at 4
     # warps (219 registers), for a solve whose row-by-row substitution waits on memory, not on
@@ -98,22 +100,6 @@ VARIANTS = {
     "tuned+output-w8": dict(num_stages=3, output_block_v=128, output_warps=8),
     "tuned+candidates": dict(num_stages=3, output_block_v=128, products_together=True, prepare_warps=2,
                              products_warps=4, output_warps=8),
-    # The solve with L in registers (chunk_delta_rule(solve_in_registers=True): no L round trip through
-    # X's rows, no barrier; 255 registers and 8 bytes of stack at 4 warps for sm_90), over 32 or 64 key
-    # columns at a time; then X stored in bf16 (half the solve's writes and the products' reads), and
-    # the products from one read of it; and that solve at 8 warps
-    "tuned+registers": dict(num_stages=3, output_block_v=128, solve_in_registers=True),
-    "tuned+registers+bk64": dict(num_stages=3, output_block_v=128, solve_in_registers=True, solve_block_k=64),
-    "tuned+registers+x16": dict(num_stages=3, output_block_v=128, solve_in_registers=True, x_in_input_dtype=True),
-    "tuned+registers+x16+together": dict(num_stages=3, output_block_v=128, solve_in_registers=True,
-                                         x_in_input_dtype=True, products_together=True),
-    "tuned+registers+x16+together+w2": dict(num_stages=3, output_block_v=128, solve_in_registers=True,
-                                            x_in_input_dtype=True, products_together=True, prepare_warps=2,
-                                            products_warps=4),
-    "tuned+registers+x16+together+w8": dict(num_stages=3, output_block_v=128, solve_in_registers=True,
-                                            x_in_input_dtype=True, products_together=True, prepare_warps=8,
-                                            products_warps=4),
-    "single-chunk+registers": dict(single_chunk=True, solve_in_registers=True),
 }
 # The stages of either implementation, by kernel name: labkit's four kernels and fla 0.6's
 # counterparts (its cumsum of the log-decays is part of labkit's solve); memsets and copies apart

@@ -27,13 +27,12 @@ import time
 
 import torch
 
-SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS", "BLOCKS_FIRST", "TOGETHER", "REGISTERS", "KS", "X_DT")
+SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS", "BLOCKS_FIRST", "TOGETHER")
 # chunk_delta_rule's launch settings of the chunk path, each an option of this command (the flags
 # among them as 0 or 1)
 CHUNK_SETTINGS = ("block_v", "num_warps", "num_stages", "prepare_warps", "products_warps", "output_block_v",
-                  "output_warps", "walk_programs_per_sm", "wide_warps", "wide_stages", "products_together",
-                  "solve_in_registers", "solve_block_k", "x_in_input_dtype")
-FLAGS = ("products_together", "solve_in_registers", "x_in_input_dtype")
+                  "output_warps", "walk_programs_per_sm", "wide_warps", "wide_stages", "products_together")
+FLAGS = ("products_together",)
 # packed sequences of each call: 2 (a walk of 2 x 16 heads x 8 blocks of 16 columns = 256 programs
 # keeps its narrow blocks) and 8 (1,024 narrow programs: the walk widens, labkit.ops.chunk_delta_rule.walk_block_v)
 SEQUENCES = (2, 8)
@@ -173,13 +172,10 @@ def _compile_chunk(args: argparse.Namespace, t0: float) -> int:
     gs, betas = torch.empty(1, Ts, H), torch.empty(1, Ts, H, dtype=bf)
     cus = torch.tensor([0, short[0], Ts], dtype=torch.int32)
     ckpts = torch.empty(cdr.num_checkpoints(short, 64), H, K, V)
-    for block_v, warps, registers, init in itertools.product(args.single_block_v, args.single_warps,
-                                                             args.solve_in_registers, (True, False)):
-        what = f"single_chunk block_v={block_v} warps={warps} solve_in_registers={registers} initial_state={init}"
-        settings = {name: value for name, value in (("single_block_v", block_v), ("single_warps", warps),
-                                                    ("solve_in_registers", registers)) if value is not None}
-        if "solve_in_registers" in settings:
-            settings["solve_in_registers"] = bool(settings["solve_in_registers"])
+    for block_v, warps, init in itertools.product(args.single_block_v, args.single_warps, (True, False)):
+        what = f"single_chunk block_v={block_v} warps={warps} initial_state={init}"
+        settings = {name: value for name, value in (("single_block_v", block_v), ("single_warps", warps))
+                    if value is not None}
         failures += _attempt(what, lambda: cdr.chunk_delta_rule(
             qs, ks, vs, gs, betas, state[:2] if init else None, cu_seqlens=cus, checkpoints=ckpts,
             checkpoint_every=64, single_chunk=True, **settings), t0)

@@ -68,6 +68,14 @@ products and the walk that writes the outputs (0.262 / 1.004) were slower too. T
 by tools/gpu_experiments/gdn-speed.sh (commits 07ca99c, 0585f64) and not committed as a results
 file: the bench variants ``merged-prepare``, ``stored-p``, ``split-prepare+deferred+dots+blocks``
 and ``split-prepare+walk-outputs`` of commit e70164b time them (labkit/bench/gdn_prefill.py there).
+The solve with L in registers (its ten 16 x 16 blocks summed over the keys, rows taken from the
+tiles, no L round trip and no barrier), which let X be stored in bf16 as fla stores it, was slower
+on an H100 (2026-12-06, data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-registers-loop.json): its
+solve 50.8 / 202.5 / 208.9 us at 2 warps (83.0 / 327 / 342 at 4) against 39.1 / 153.9 / 158.4
+parked, at T = 4,096 / 16,384 / 8 x 2,048, while bf16 X saved the products 9 / 22 / 23 us. Taking
+a row out of a register tile is a reduction across the tile's threads; fla's kkt + solve does it
+at 1 warp (27.9 / 109.0 / 109.4 us), where this form spills 784 bytes for sm_90. Commit 61db211
+has it (``solve_in_registers``, ``x_in_input_dtype``) and the bench variants ``tuned+registers*``.
 
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
@@ -106,7 +114,11 @@ memory serves them all. Measured on the H200 (2026-12-03, data/bench/nvidia-h200
 at 8 x 2,048 packed): the narrow walk 0.820 ms, its blocks first 0.588, the widened walk (the
 default) 0.523, at one stage 0.559, whole heads at 8 warps 0.524; fla 0.466 in the same run, so
 labkit is still 12% behind for packed prompts, and level with fla for single sequences (0.172 / 0.638 ms
-at 4,096 / 16,384 tokens against fla's 0.172 / 0.632).
+at 4,096 / 16,384 tokens against fla's 0.172 / 0.632). On an H100 with the products together (the
+default since 2026-12-06; data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-registers-loop.json, the
+same settings): 0.186 / 0.712 / 0.613 ms at 4,096 / 16,384 / 8 x 2,048 against fla's 0.182 / 0.708 /
+0.554, the solve (39 / 154 / 158 us against fla's 28 / 109 / 109) and the products (35 / 140 / 142
+against 24 / 108 / 109) behind, the walk and the outputs ahead.
 """
 
 from __future__ import annotations
@@ -159,19 +171,12 @@ WALK_BLOCKS_FIRST = False  # the walk's grid order (see _walk_kernel): helps the
 PREPARE_WARPS = 4
 # W and U0 of a chunk by one program that reads X once, instead of one program each: X is read from
 # memory once, not twice (64 MB less at 16,384 tokens x 16 heads, where X no longer fits L2 between
-# the two parts' programs). Timed once, at 8 packed sequences x 2,048 tokens on an H100 (2026-12-05,
-# python -m labkit bench gdn-prefill --lengths --packed 8 2048 --profile 3 --variants tuned
-# tuned+products-together; its JSON was lost to the device call's time limit, the printed table is
-# quoted in the closing note of issue 27): the products 143 against 152 us, the call 0.623 against
-# 0.629 ms (fla 0.557). Not the default until single sequences are timed too.
-PRODUCTS_TOGETHER = False
-# The solve with L in registers (_solve_chunk_in_registers, key columns SOLVE_BLOCK_K at a time) instead
-# of parked in X's float32 rows, and X then stored in the input dtype (bf16: half the bytes the solve
-# writes and the products read); fla's kkt + solve has that shape. Timed by the bench variants
-# tuned+registers* (labkit.bench.gdn_prefill) against the parked solve.
-SOLVE_IN_REGISTERS = False
-SOLVE_BLOCK_K = 32
-X_IN_INPUT_DTYPE = False
+# the two parts' programs). Measured on an H100 beside fla 0.6.0 in the same run (2026-12-06,
+# python -m labkit bench gdn-prefill --lengths 4096 16384 --packed 8 2048 --profile 3, on the H200
+# file's settings: data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-registers.json): the products 34.4 /
+# 142.8 / 144.1 us against 34.6 / 152.2 / 152.6 at T = 4,096 / 16,384 / 8 x 2,048 packed, the call
+# 0.185 / 0.688 / 0.617 ms against 0.185 / 0.700 / 0.630 (fla 0.183 / 0.693 / 0.559).
+PRODUCTS_TOGETHER = True
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
 # The single-chunk kernel's value columns per program and warps. 32 columns (4 programs a head, each
@@ -357,172 +362,39 @@ def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
     L30 = _tile(x_at, r3, m3, HV * C, r0, full)
     L31 = _tile(x_at, r3, m3, HV * C, r1, full)
     L32 = _tile(x_at, r3, m3, HV * C, r2, full)
-    X10, X20, X21, X30, X31, X32 = _merge_blocks(X00, X11, X22, X33, L10, L20, L21, L30, L31, L32)
-    tl.debug_barrier()
-    _store_x(x_at, HV * C, n, SUB, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, False, F32, EMULATE_RTNE)
-
-
-
-@device_function
-def _merge_blocks(X00, X11, X22, X33, L10, L20, L21, L30, L31, L32):
-    """The blocks of X = (I + L)^-1 below the diagonal, from its diagonal blocks X_ii and L's blocks:
-    X_ij = -X_ii sum_{j<=m<i} L_im X_mj (full-float32 products)."""
     X10 = -_mm32(X11, _mm32(L10, X00))
     X21 = -_mm32(X22, _mm32(L21, X11))
     X32 = -_mm32(X33, _mm32(L32, X22))
     X20 = -_mm32(X22, _mm32(L20, X00) + _mm32(L21, X10))
     X31 = -_mm32(X33, _mm32(L31, X11) + _mm32(L32, X21))
     X30 = -_mm32(X33, _mm32(L30, X00) + _mm32(L31, X10) + _mm32(L32, X20))
-    return X10, X20, X21, X30, X31, X32
-
-
-@device_function
-def _store_x(x_at, stride, n, SUB: tl.constexpr, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33,
-             ZERO_UPPER: tl.constexpr, X_DT: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """The chunk's X, 16 x 16 blocks, rows below n, rounded to X_DT; with ZERO_UPPER also the zero
-    blocks above the diagonal (the products read X whole), which a solve that parked L there finds
-    already zero."""
-    r0 = tl.arange(0, SUB)
-    r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
-    m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
-    full = r0 < SUB
-    _store_tile(x_at, r0, m0, stride, r0, full, X00, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r1, m1, stride, r0, full, X10, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r1, m1, stride, r1, full, X11, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, stride, r0, full, X20, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, stride, r1, full, X21, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, stride, r2, full, X22, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, stride, r0, full, X30, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, stride, r1, full, X31, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, stride, r2, full, X32, X_DT, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, stride, r3, full, X33, X_DT, EMULATE_RTNE)
-    if ZERO_UPPER:
-        zero = tl.zeros([SUB, 4 * SUB], dtype=tl.float32)
-        upper = tl.arange(0, 4 * SUB)
-        _store_tile(x_at, r0, m0, stride, upper, upper >= SUB, zero, X_DT, EMULATE_RTNE)
-        _store_tile(x_at, r1, m1, stride, upper, upper >= 2 * SUB, zero, X_DT, EMULATE_RTNE)
-        _store_tile(x_at, r2, m2, stride, upper, upper >= 3 * SUB, zero, X_DT, EMULATE_RTNE)
-
-
-@device_function
-def _invert4_in_registers(L00, L11, L22, L33, SUB: tl.constexpr):
-    """(I + L_bb)^-1 of the chunk's four diagonal 16 x 16 blocks, held in registers (strictly lower,
-    rows past the chunk's end zero): :func:`_invert4_by_rows`'s substitution, with row i of each
-    block taken out of its tile by a masked sum over the rows instead of a load."""
-    r = tl.arange(0, SUB)
-    eye = (r[:, None] == r[None, :]).to(tl.float32)
-    Y0 = eye
-    Y1 = eye
-    Y2 = eye
-    Y3 = eye
-    for i in range(1, SUB):  # a loop, not unrolled: 15 unrolled steps keep too many temporaries live
-        row = r[:, None] == i
-        col = r[None, :] == i
-        a0 = tl.sum(tl.where(row, L00, 0.0), 0)
-        a1 = tl.sum(tl.where(row, L11, 0.0), 0)
-        a2 = tl.sum(tl.where(row, L22, 0.0), 0)
-        a3 = tl.sum(tl.where(row, L33, 0.0), 0)
-        Y0 = tl.where(col, eye - tl.sum(Y0 * a0[None, :], 1)[:, None], Y0)
-        Y1 = tl.where(col, eye - tl.sum(Y1 * a1[None, :], 1)[:, None], Y1)
-        Y2 = tl.where(col, eye - tl.sum(Y2 * a2[None, :], 1)[:, None], Y2)
-        Y3 = tl.where(col, eye - tl.sum(Y3 * a3[None, :], 1)[:, None], Y3)
-    return tl.trans(Y0), tl.trans(Y1), tl.trans(Y2), tl.trans(Y3)
-
-
-@device_function
-def _l_block(kk, Ga, Gb, beta_a, DIAG: tl.constexpr):
-    """A 16 x 16 block of L from its key products kk[s, r] = k_s . k_r: beta_s exp(Ga_s - Gb_r) kk,
-    strictly lower when DIAG (a diagonal block; masked before the exp, where Ga - Gb > 0)."""
-    diff = Ga[:, None] - Gb[None, :]
-    if DIAG:
-        r = tl.arange(0, kk.shape[0])
-        diff = tl.where(r[:, None] > r[None, :], diff, float("-inf"))
-    return beta_a[:, None] * tl.exp(diff) * kk
-
-
-@device_function
-def _solve_chunk_in_registers(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
-                              HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-                              KS: tl.constexpr, SUB: tl.constexpr, X_DT: tl.constexpr, DOT_F32: tl.constexpr,
-                              EMULATE_RTNE: tl.constexpr):
-    """:func:`_solve_chunk`'s G and X (X rounded to X_DT, its zero upper blocks stored too) with L
-    never leaving registers: its ten 16 x 16 blocks below and on the diagonal are summed over
-    the keys KS columns at a time (k_i . k_j of every block pair, the key tiles live one column
-    slice at a time), scaled by the gates, inverted on the diagonal by rows taken from the tiles
-    (:func:`_invert4_in_registers`) and merged below it (:func:`_merge_blocks`). No L round trip
-    through memory and no barrier; X can then be stored in the input dtype, since nothing reads
-    L back from its buffer."""
-    C: tl.constexpr = 4 * SUB
-    hk = hv // (HV // HK)
-    k_at = _at(k_ptr, t0, HK, hk, DK)
-    g_at = _at(g_ptr, t0, HV, hv, 1)
-    b_at = _at(beta_ptr, t0, HV, hv, 1)
-    gc_at = _at(gcum_ptr, t0, HV, hv, 1)
-    r0 = tl.arange(0, SUB)
-    r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
-    m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
-    G0, b0, carry = _gates(g_at, b_at, gc_at, r0, m0, 0.0, HV)
-    G1, b1, carry = _gates(g_at, b_at, gc_at, r1, m1, carry, HV)
-    G2, b2, carry = _gates(g_at, b_at, gc_at, r2, m2, carry, HV)
-    G3, b3, carry = _gates(g_at, b_at, gc_at, r3, m3, carry, HV)
-    F32: tl.constexpr = tl.float32
-    A00 = tl.zeros([SUB, SUB], dtype=F32)
-    A11 = tl.zeros([SUB, SUB], dtype=F32)
-    A22 = tl.zeros([SUB, SUB], dtype=F32)
-    A33 = tl.zeros([SUB, SUB], dtype=F32)
-    A10 = tl.zeros([SUB, SUB], dtype=F32)
-    A20 = tl.zeros([SUB, SUB], dtype=F32)
-    A21 = tl.zeros([SUB, SUB], dtype=F32)
-    A30 = tl.zeros([SUB, SUB], dtype=F32)
-    A31 = tl.zeros([SUB, SUB], dtype=F32)
-    A32 = tl.zeros([SUB, SUB], dtype=F32)
-    for c0 in tl.static_range(0, BLOCK_K, KS):
-        cols = c0 + tl.arange(0, KS)
-        cm = cols < DK
-        k0 = _tile(k_at, r0, m0, HK * DK, cols, cm)
-        k1 = _tile(k_at, r1, m1, HK * DK, cols, cm)
-        k2 = _tile(k_at, r2, m2, HK * DK, cols, cm)
-        k3 = _tile(k_at, r3, m3, HK * DK, cols, cm)
-        A00 = dot(k0, tl.trans(k0), A00, DOT_F32)
-        A11 = dot(k1, tl.trans(k1), A11, DOT_F32)
-        A22 = dot(k2, tl.trans(k2), A22, DOT_F32)
-        A33 = dot(k3, tl.trans(k3), A33, DOT_F32)
-        A10 = dot(k1, tl.trans(k0), A10, DOT_F32)
-        A20 = dot(k2, tl.trans(k0), A20, DOT_F32)
-        A21 = dot(k2, tl.trans(k1), A21, DOT_F32)
-        A30 = dot(k3, tl.trans(k0), A30, DOT_F32)
-        A31 = dot(k3, tl.trans(k1), A31, DOT_F32)
-        A32 = dot(k3, tl.trans(k2), A32, DOT_F32)
-    X00, X11, X22, X33 = _invert4_in_registers(_l_block(A00, G0, G0, b0, True), _l_block(A11, G1, G1, b1, True),
-                                               _l_block(A22, G2, G2, b2, True), _l_block(A33, G3, G3, b3, True), SUB)
-    X10, X20, X21, X30, X31, X32 = _merge_blocks(
-        X00, X11, X22, X33, _l_block(A10, G1, G0, b1, False), _l_block(A20, G2, G0, b2, False),
-        _l_block(A21, G2, G1, b2, False), _l_block(A30, G3, G0, b3, False), _l_block(A31, G3, G1, b3, False),
-        _l_block(A32, G3, G2, b3, False))
-    _store_x(_at(x_ptr, t0, HV, hv, C), HV * C, n, SUB, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, True,
-             X_DT, EMULATE_RTNE)
+    tl.debug_barrier()
+    _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
+    _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
+    _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
+    _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
+    _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
+    _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
+    _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
 
 
 @triton.jit
 def _solve_kernel(
     k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, num_seqs,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    SUB: tl.constexpr, REGISTERS: tl.constexpr, KS: tl.constexpr, X_DT: tl.constexpr, DOT_F32: tl.constexpr,
-    EMULATE_RTNE: tl.constexpr,
+    SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): G and X of one chunk of one value head (REGISTERS: L kept in
-    registers, :func:`_solve_chunk_in_registers`, X stored as X_DT; else parked in X's float32 rows)."""
+    """Grid (chunk slots, HV): G and X of one chunk of one value head."""
     C: tl.constexpr = 4 * SUB
     seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
     t0 = bos + c * C
     n = tl.minimum(eos - t0, C)  # tokens in this chunk; <= 0 for slots past the last chunk
     if n > 0:
-        if REGISTERS:
-            _solve_chunk_in_registers(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
-                                      HK, HV, DK, BLOCK_K, KS, SUB, X_DT, DOT_F32, EMULATE_RTNE)
-        else:
-            _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
-                         HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
+                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
 
 
 @device_function
@@ -706,8 +578,8 @@ def _single_chunk_kernel(
     num_seqs, tokens, ckpt_every, ckpt_rows, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
-    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr, REGISTERS: tl.constexpr, KS: tl.constexpr,
-    DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (sequences, HV, value blocks), every sequence at most one chunk (n <= C = 64 tokens):
     the prepare, the walk and the outputs of the module docstring in one program, for value
@@ -735,12 +607,8 @@ def _single_chunk_kernel(
     x_at = x_ptr + scratch * C
     gcum_at = gcum_ptr + scratch
     if n > 0:
-        if REGISTERS:
-            _solve_chunk_in_registers(k_ptr, g_ptr, beta_ptr, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, KS, SUB,
-                                      tl.float32, DOT_F32, EMULATE_RTNE)
-        else:
-            _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
-                         EMULATE_RTNE)
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
+                     EMULATE_RTNE)
     tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
     # S0 is read after the solve (its registers are not held through it), first rounded to DT for
     # the two products that take it, and again in float32 for the final state.
@@ -861,7 +729,7 @@ def use_single_chunk(lengths: Sequence[int] | None, num_seqs: int, num_v_heads: 
 
 
 def _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints, checkpoint_every,
-                  N: int, block_v: int, warps: int, registers: bool, solve_block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  N: int, block_v: int, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """chunk_delta_rule through ``_single_chunk_kernel`` (inputs and settings already checked):
     every sequence at most CHUNK tokens long."""
     B, T, Hk, K = q.shape
@@ -877,9 +745,8 @@ def _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state,
         q, k, v, g, beta, cu_seqlens, initial_state, out, final_state, checkpoints, x, gcum,
         N, total, checkpoint_every or CHUNK, 0 if checkpoints is None else checkpoints.shape[0], K**-0.5,
         HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=max(16, next_pow2(K)), BLOCK_V=block_v, BLOCK_N=next_pow2(N), SUB=SUB,
-        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, REGISTERS=registers,
-        KS=min(solve_block_k, max(16, next_pow2(K))), DT=TORCH_TO_TL[q.dtype], **interpreter_flags(q.dtype),
-        num_warps=warps,
+        HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, DT=TORCH_TO_TL[q.dtype],
+        **interpreter_flags(q.dtype), num_warps=warps,
     )
     return out, final_state
 
@@ -933,9 +800,6 @@ def chunk_delta_rule(
     wide_stages: int = WIDE_STAGES,
     walk_blocks_first: bool = WALK_BLOCKS_FIRST,
     products_together: bool = PRODUCTS_TOGETHER,
-    solve_in_registers: bool = SOLVE_IN_REGISTERS,
-    solve_block_k: int = SOLVE_BLOCK_K,
-    x_in_input_dtype: bool = X_IN_INPUT_DTYPE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -979,14 +843,7 @@ def chunk_delta_rule(
         walk_blocks_first: the walk's programs ordered with the value blocks of a (sequence, head)
         together (``_walk_kernel``);
         products_together (``PRODUCTS_TOGETHER``): W and U0 of a chunk by one program, which reads
-        X once, instead of one program each (``_products_kernel``);
-        solve_in_registers (``SOLVE_IN_REGISTERS``), solve_block_k (``SOLVE_BLOCK_K``, a power of
-        two >= 16): L of the triangular solve kept in registers, summed over the keys
-        solve_block_k columns at a time, in the solve and in the single-chunk kernel, instead of
-        parked in X's rows (``_solve_chunk_in_registers``);
-        x_in_input_dtype (``X_IN_INPUT_DTYPE``, needs solve_in_registers): X stored in the input
-        dtype instead of float32 (rounded once more before the products, which round it anyway
-        with its scaling; float32 inputs are unchanged).
+        X once, instead of one program each (``_products_kernel``).
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
 
@@ -1071,22 +928,15 @@ def chunk_delta_rule(
             raise ValueError(f"{name} must be a number of stages >= 1, got {stages!r}")
     if not isinstance(walk_programs_per_sm, int) or isinstance(walk_programs_per_sm, bool) or walk_programs_per_sm < 0:
         raise ValueError(f"walk_programs_per_sm must be an integer >= 0 (0: never widen), got {walk_programs_per_sm!r}")
-    for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together),
-                       ("solve_in_registers", solve_in_registers), ("x_in_input_dtype", x_in_input_dtype)):
+    for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
-    if x_in_input_dtype and not solve_in_registers:
-        raise ValueError("x_in_input_dtype=True needs solve_in_registers=True: the other solve parks L, which must "
-                         "stay float32, in X's rows")
-    if (not isinstance(solve_block_k, int) or isinstance(solve_block_k, bool) or solve_block_k < 16
-            or solve_block_k & (solve_block_k - 1)):
-        raise ValueError(f"solve_block_k must be a power of two >= 16, got {solve_block_k!r}")
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
     output_block_v = _checked_block_v("output_block_v", output_block_v, OUTPUT_BLOCK_V, V)
     single_block_v = _checked_block_v("single_block_v", single_block_v, SINGLE_BLOCK_V, V)
     if single_chunk or (single_chunk is None and use_single_chunk(lengths, N, Hv, B * T)):
         return _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints,
-                             checkpoint_every, N, single_block_v, single_warps, solve_in_registers, solve_block_k)
+                             checkpoint_every, N, single_block_v, single_warps)
 
     device = q.device
     total = B * T
@@ -1102,10 +952,9 @@ def chunk_delta_rule(
 
     # G and X, then W and U0, stored like the inputs: [tokens, Hv, ...]
     gcum = torch.empty(total, Hv, dtype=torch.float32, device=device)
-    x = torch.empty(total, Hv, CHUNK, dtype=dtype if x_in_input_dtype else torch.float32, device=device)
+    x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
     _solve_kernel[(chunk_slots, Hv)](
         k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-        REGISTERS=solve_in_registers, KS=min(solve_block_k, block_k), X_DT=TORCH_TO_TL[x.dtype],
         **flags, num_warps=prepare_warps,
     )
     w = torch.empty(total, Hv, K, dtype=dtype, device=device)
