@@ -94,6 +94,8 @@ checkpoint loaded twice: the same names, shapes, dtypes and sampled values,
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
 import weakref
@@ -368,6 +370,9 @@ class PrefixCache:
         self._state_pool = SlotPool(self._states_bytes, self.device)
         self.nbytes = 0
         self.evictions = 0
+        # the eviction candidates of the prefill call in progress (see _make_room): (its pinned set,
+        # a heap of (score, order, leaf), the next order number); None between calls
+        self._victims: tuple[set[int], list, Any] | None = None
         self._clock = 0
         # restore plans: a table per cache, in the cache's attachments under this key (its token
         # object, held by the key, is unique to this PrefixCache); the tables are held weakly here
@@ -536,7 +541,8 @@ class PrefixCache:
         stated = [self._stated_depths(p) for p in paths]
         row_hits = [max(d, default=0) * bs for d in stated]
         hit_blocks = max(set.intersection(*stated), default=0)  # a depth where every row can stop
-        self._clock += 1
+        self._clock += 1  # a new call: the recency scores of the candidates change
+        self._victims = None
         for path in paths:
             for node in path:
                 node.last_used = self._clock
@@ -721,23 +727,42 @@ class PrefixCache:
         return (node.has_states, saved / node.nbytes, node.last_used)
 
     def _make_room(self, pinned: set[int], need: int) -> bool:
-        """Evict unpinned leaves until ``need`` more bytes fit the budget; False if they cannot."""
+        """Evict unpinned leaves, lowest :meth:`_eviction_score` first, until ``need`` more bytes fit
+        the budget; False if they cannot.
+
+        The candidates are walked once per prefill call (per ``pinned`` set, which a call only grows),
+        into a heap kept through the call: a node's score does not change within a call, a node
+        pinned since is skipped, and a parent left without children joins the heap. Walking the trie
+        for every eviction instead cost a miss at the budget one walk of every stored node per block
+        it stores (its own snapshots evict one node each)."""
+        if self.nbytes + need <= self.budget_bytes:
+            return True
+        if self._victims is None or self._victims[0] is not pinned:
+            heap = [(self._eviction_score(n), i, n) for i, n in enumerate(self._leaves(pinned))]
+            heapq.heapify(heap)
+            self._victims = (pinned, heap, itertools.count(len(heap)))
+        _, heap, order = self._victims
         while self.nbytes + need > self.budget_bytes:
-            leaves = self._leaves(pinned)
-            if not leaves:
+            while heap and id(heap[0][2]) in pinned:  # pinned after the heap was made: stays pinned
+                heapq.heappop(heap)
+            if not heap:
                 return False
-            victim = min(leaves, key=self._eviction_score)
-            del victim.parent.children[victim.block]
+            victim = heapq.heappop(heap)[2]
+            parent = victim.parent
+            del parent.children[victim.block]
             self._drop_plans(victim)
             self.nbytes -= victim.nbytes
             self._kv_pool.give(victim.kv_slot)
             self._state_pool.give(victim.state_slot)
             self.evictions += 1
+            if parent is not self.root and not parent.children and id(parent) not in pinned:
+                heapq.heappush(heap, (self._eviction_score(parent), next(order), parent))
         return True
 
     def clear(self) -> None:
         """Drop every snapshot and the restore plans made from them, and free the pools' memory."""
         self.root.children.clear()
+        self._victims = None
         self._drop_plans()
         self._kv_pool.clear()
         self._state_pool.clear()
