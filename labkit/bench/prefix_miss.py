@@ -7,7 +7,12 @@ The case is the TTFT bench's steady miss (``bench cache --experiments ttft``): p
 its own and evicts the last one's), against the same prompts with no cache. Both pay their
 compiles and captures first (warm-up calls). Then, for each:
 
-- the time to first token as ``generate`` reports it (``ttft_s``), the median of ``repeats`` calls;
+- the time to first token as ``generate`` reports it (``ttft_s``), the median of ``repeats`` calls,
+  the two taken in turns (a call with no cache, then a miss, ...), all before any profile: a
+  profiler session leaves the process paying more per launch afterwards, which an eager backend's
+  thousand launches per call turn into milliseconds (timed after the no-cache profile, as this
+  bench did until 2026-12-06, the reference backend's misses of tiny-qwen3.5 read 1.32x no cache on
+  an H100; taken in turns, without profiles, 1.09x);
 - one more call under ``torch.profiler`` (host calls and device kernels): how long the device was
   busy and with how many kernels, when its first kernel started after the call began (host work
   the device waited for), and its idle stretches with the host calls that overlap them (what it
@@ -109,16 +114,16 @@ def miss_timeline(model: HybridLM, backend: str, tokens: int, block_size: int, r
     for i in range(3):  # compiles and captures: the prefill's graph, the miss's reading graph
         for run in runs.values():
             run(prompts[i])
-    for k, (name, run) in enumerate(runs.items()):
-        mine = prompts[3 + k * (repeats + 1): 3 + (k + 1) * (repeats + 1)]
-        ttft = []
-        for ids in mine[:-1]:
-            out = run(ids)
+    ttft: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(repeats):  # in turns, and before any profile (module docstring)
+        for k, (name, run) in enumerate(runs.items()):
+            out = run(prompts[3 + 2 * i + k])
             if out.prefix_hit:
                 raise RuntimeError("an unrelated prompt hit the cache: the misses are not misses")
-            ttft.append(out.ttft_s * 1e3)
-        doc[name] = {"ttft_ms": ttft, "ttft_median_ms": statistics.median(ttft),
-                     **timeline(_profiled(lambda: run(mine[-1]), device))}
+            ttft[name].append(out.ttft_s * 1e3)
+    for k, (name, run) in enumerate(runs.items()):
+        doc[name] = {"ttft_ms": ttft[name], "ttft_median_ms": statistics.median(ttft[name]),
+                     **timeline(_profiled(lambda: run(prompts[3 + 2 * repeats + k]), device))}
     doc["miss / no cache (ttft medians)"] = doc["steady miss"]["ttft_median_ms"] / doc["no cache"]["ttft_median_ms"]
     return doc
 
