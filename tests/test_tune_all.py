@@ -96,3 +96,30 @@ def test_each_sweep_checks_against_its_reference_and_writes_an_entry(kernel, mon
     from labkit.tuning.files import check_document
 
     check_document({"format": tuning.FORMAT, "gpu": "X", "settings": {kernel: entry}}, "test")
+
+
+def test_chunk_trials_time_only_the_cases_their_setting_changes(monkeypatch):
+    """The 64-token tail runs the single-chunk kernel alone: a trial of a walk or output setting times
+    the long prompts only, one of single_block_v the tail only; the other case's time is carried
+    over from the settings varied, so that its noise cannot decide a setting that does not touch it."""
+    from labkit.lab import timing
+
+    monkeypatch.setattr(tune_kernels, "CHUNK_SHAPE", (2, 16))
+    monkeypatch.setattr(tune_kernels, "CHUNK_LENGTHS", (70, 64))
+    monkeypatch.setattr(tune_kernels, "CHECK_LENGTHS", (45, 13))
+    monkeypatch.setattr(tune_kernels, "CHUNK_CHOICES", {"num_warps": (4, 8), "single_block_v": (16,)})
+    times = iter([7.0, 100.0, 6.0, 90.0])  # base: T=70, T=64; 8 warps: T=70; the other single_block_v: T=64
+    calls = []
+
+    def fake_measure(fn, **kw):
+        calls.append(fn)
+        return _FakeTiming(next(times))
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    trials = tune_kernels._chunk_trials("cpu", None, lambda line: None)
+    assert len(calls) == 4 and len(trials) == 3
+    base, warps, single = trials
+    assert base.us == {"T=70": 7.0, "T=64": 100.0}
+    assert warps.us == {"T=70": 6.0, "T=64": 100.0}  # the tail carried over
+    assert single.us == {"T=70": 6.0, "T=64": 90.0}  # from the best so far (8 warps)
+    assert single.values["num_warps"] == 8

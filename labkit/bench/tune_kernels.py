@@ -177,6 +177,13 @@ def _attention_trials(device: str, deadline: float | None, log: Callable[[str], 
 # 64: a prefix-cache hit's tail, one chunk, which runs the single-chunk kernel (the other settings
 # do not touch it, nor single_block_v the longer prompts)
 CHUNK_LENGTHS = (4096, 16384, 64)
+# The cases each setting changes: the 64-token tail runs the single-chunk kernel alone, which only
+# single_block_v changes, and the long prompts never run it. A trial times only the cases its
+# setting changes and carries the others' times over from the settings it varies (the same launches):
+# timed again, the tail's ~15 us with its run-to-run noise of 1-2 us outweighed a 5% gain on the long
+# prompts in the geometric mean (the H100's first run, 2026-12-06: output_block_v 128 at 0.185 /
+# 0.697 ms against 0.194 / 0.735 for 64 lost on a tail of 17 against 15 us, a kernel it does not run).
+CHUNK_CASES_OF = {"single_block_v": ("T=64",)}
 CHUNK_SHAPE = (16, 128)  # heads, head dim: Qwen3.5-0.8B's linear-attention layers
 CHUNK_CHOICES = {"block_v": (16, 32), "num_warps": (4, 8), "num_stages": (1, 2, 3), "output_block_v": (64, 128),
                  "single_block_v": (16, 32, 64, 128)}
@@ -197,8 +204,13 @@ def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None
     big = {t: _inputs(1, t, *CHUNK_SHAPE, device=device) for t in CHUNK_LENGTHS}
     current = _current("chunk_delta_rule", device)
 
-    def trial(values: dict) -> Trial:
+    def trial(values: dict, base: Trial | None = None, setting: str | None = None) -> Trial:
+        """``values`` checked and timed; with ``base`` (the trial whose ``setting`` it varies), only the
+        cases that setting changes are timed and the others' times are ``base``'s (CHUNK_CASES_OF)."""
         kw = {k: values[k] for k in CHUNK_CHOICES}
+        cases = [f"T={t}" for t in CHUNK_LENGTHS]
+        if base is not None:
+            cases = list(CHUNK_CASES_OF.get(setting, [c for c in cases if c not in CHUNK_CASES_OF["single_block_v"]]))
 
         def check() -> float:
             errs = []
@@ -208,9 +220,12 @@ def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None
             return max(errs)
 
         timings = [(f"T={t}", lambda t=t: measure(lambda: chunk_delta_rule(**big[t], **kw), device=device,
-                                                  graph=True, repeats=10).us) for t in CHUNK_LENGTHS]
+                                                  graph=True, repeats=10).us)
+                   for t in CHUNK_LENGTHS if f"T={t}" in cases]
         got = _run_trial(values, check, timings)
         log(f"  chunk_delta_rule {kw}: " + (got.error or ", ".join(f"{c} {u / 1e3:.3f} ms" for c, u in got.us.items())))
+        if base is not None and not got.error:
+            got.us = {c: got.us.get(c, base.us[c]) for c in base.us}  # in base's order
         return got
 
     best = trial({k: current[k] for k in CHUNK_CHOICES})
@@ -219,7 +234,7 @@ def _chunk_trials(device: str, deadline: float | None, log: Callable[[str], None
         for v in choices:
             if v == best.values[name] or (deadline is not None and time.perf_counter() > deadline):
                 continue
-            t = trial(best.values | {name: v})
+            t = trial(best.values | {name: v}, best, name)
             trials.append(t)
             if not t.error and geomean_ratio(t.us, best.us) < 0.98:  # beyond run-to-run noise
                 best = t
