@@ -8,11 +8,11 @@ its own and evicts the last one's), against the same prompts with no cache. Both
 compiles and captures first (warm-up calls). Then, for each:
 
 - the time to first token as ``generate`` reports it (``ttft_s``), the median of ``repeats`` calls,
-  the two taken in turns (a call with no cache, then a miss, ...), all before any profile: a
-  profiler session leaves the process paying more per launch afterwards, which an eager backend's
-  thousand launches per call turn into milliseconds (timed after the no-cache profile, as this
-  bench did until 2026-12-06, the reference backend's misses of tiny-qwen3.5 read 1.32x no cache on
-  an H100; taken in turns, without profiles, 1.09x);
+  the two taken in turns (a call with no cache, then a miss, ...), all before any profile, so that
+  neither drift nor whatever a profiler session leaves behind in the process falls on one side only
+  (until 2026-12-06 each side was timed in a block, the misses after the no-cache profile: 1.32x /
+  1.53x for the reference backend's misses of tiny-qwen3.5 / tiny-lfm2 at 1,024 tokens on one H100
+  machine; in turns, 1.23x / 1.22x on another; the order and the machine were not separated);
 - one more call under ``torch.profiler`` (host calls and device kernels): how long the device was
   busy and with how many kernels, when its first kernel started after the call began (host work
   the device waited for), and its idle stretches with the host calls that overlap them (what it
