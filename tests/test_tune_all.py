@@ -123,3 +123,20 @@ def test_chunk_trials_time_only_the_cases_their_setting_changes(monkeypatch):
     assert warps.us == {"T=70": 6.0, "T=64": 100.0}  # the tail carried over
     assert single.us == {"T=70": 6.0, "T=64": 90.0}  # from the best so far (8 warps)
     assert single.values["num_warps"] == 8
+
+
+def test_a_file_made_by_a_settings_run_names_its_command(tmp_path):
+    """``labkit tune --sections chunk_delta_rule`` on a GPU without a file made one with only
+    ``format``, ``gpu`` and ``settings`` (2026-12-06): no command, device, versions or date at its top.
+    The settings writer puts the run's provenance there, and keeps the entries it does not name."""
+    from labkit.lab.hw import device_facts
+
+    facts = device_facts("cpu", measure=False)
+    path = tmp_path / "x.json"
+    entry = {"values": {"release_early": False}, "source": "python -m labkit tune --sections attention_decode"}
+    tune.write_settings(path, facts, "python -m labkit tune --sections attention_decode", attention_decode=entry)
+    tune.write_settings(path, facts, "python -m labkit tune --sections norm_rope",
+                        norm_rope={"values": {"num_warps": 8}})
+    doc = tuning.read_tuning_file(path)
+    assert doc["command"] == "python -m labkit tune --sections norm_rope" and doc["gpu"] == facts.name
+    assert {"device", "versions", "date"} <= set(doc) and doc["settings"]["attention_decode"] == entry

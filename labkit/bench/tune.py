@@ -161,6 +161,14 @@ def other_sections(doc: dict) -> dict:
     return {k: doc[k] for k in ("settings", "tma") if k in doc}
 
 
+def write_settings(path: Path, facts, command: str, **settings: dict) -> Path:
+    """The ``settings`` entries (kernel -> entry) into the tuning file at ``path``, the file's other
+    entries kept, with this run's provenance at its top as a linear run writes it (device, versions,
+    date, command): a file that only a settings run made would otherwise name no command."""
+    top = {k: v for k, v in provenance(facts, command).items() if k != "gpu"}  # the file's gpu is facts.name
+    return tuning.update_tuning_file(path, facts.name, settings=settings, **top)
+
+
 def run(models: list[str], batches: list[int], *, out_dir: Path = tuning.TUNING_DIR, time_limit_s: float | None = None,
         fresh: bool = False, max_candidates: int | None = None, device: str = "cuda", gpu_name: str | None = None,
         command: str | None = None, timer: Callable = _time_us,
@@ -390,7 +398,7 @@ def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches:
                 row |= {"candidates": len(rows)}
             else:
                 entry = tune_kernel(name, deadline=deadline, command=command, log=log)
-                tuning.update_tuning_file(path, facts.name, settings={name: entry})
+                write_settings(path, facts, command, **{name: entry})
                 row |= {"candidates": len(entry["candidates"]), "values": entry["values"]}
         except Exception as exc:  # noqa: BLE001 - one section's failure is reported; the others still run
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]

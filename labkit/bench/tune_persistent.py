@@ -102,8 +102,8 @@ def run(models: list[str], *, batch: int = 1, out_dir: Path = tuning.TUNING_DIR,
         log: Callable[[str], None] = print) -> tuple[Path | None, list[dict]]:
     from ..lab.hw import device_facts
     from ..model import build
-    from ..tuning.files import update_tuning_file
     from .results import provenance
+    from .tune import write_settings
 
     start = time.perf_counter()
     rows: list[dict] = []
@@ -137,6 +137,7 @@ def run(models: list[str], *, batch: int = 1, out_dir: Path = tuning.TUNING_DIR,
         "candidates": rows,
         "provenance": provenance(facts, command),
     }
-    path = update_tuning_file(tuning.tuning_path(facts.name, out_dir), facts.name, settings={"persistent_decode": entry})
+    path = write_settings(tuning.tuning_path(facts.name, out_dir), facts, command or "python -m labkit tune --persistent",
+                          persistent_decode=entry)
     log(f"best: {best['candidate'] or 'the heuristic'} ({best['speedup']:.3f}x the heuristic); wrote {path}")
     return path, rows
