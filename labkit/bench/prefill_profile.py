@@ -123,7 +123,7 @@ def profiled(call: Callable[[], object], device: torch.device):
 
 def summarize(prof, row: ProfiledPrefill) -> None:
     """Fill ``row``'s kernel table, counts and busy time from a profile of one call."""
-    from ..lab.profile import _union_ms
+    from ..lab.profile import union_ms
     events = _device_events(prof)
     per_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for e in events:
@@ -133,7 +133,7 @@ def summarize(prof, row: ProfiledPrefill) -> None:
     row.table = sorted((KernelRow(n, family(n), c, ms) for n, (c, ms) in per_name.items()), key=lambda r: -r.device_ms)
     row.kernels = len(events)
     row.kernel_ms = sum(r.device_ms for r in row.table)
-    row.busy_ms = _union_ms([(e.time_range.start, e.time_range.end) for e in events]) if events else 0.0
+    row.busy_ms = union_ms([(e.time_range.start, e.time_range.end) for e in events]) if events else 0.0
     fams: dict[str, dict] = {}
     for r in row.table:
         f = fams.setdefault(r.family, {"count": 0, "device_ms": 0.0})

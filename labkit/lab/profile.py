@@ -194,7 +194,7 @@ def _attribute_kernels(events, steps: int, family_ms: dict[str, float], result: 
     result.tensor_core_share = tc_us / total_us if total_us else None
     if not device:
         return
-    result.busy_ms = _union_ms([(e.time_range.start, e.time_range.end) for e in device]) / steps
+    result.busy_ms = union_ms([(e.time_range.start, e.time_range.end) for e in device]) / steps
     # the GPU-side copy of the step annotation, where the profiler records one: kernels of the last
     # step start after it (the CPU-side range opens earlier, while the GPU still runs the step before)
     marks = [e for e in events if e.name == "labkit::step"]
@@ -225,7 +225,7 @@ def merged_spans(spans: list[tuple[float, float]]) -> list[list[float]]:
     return out
 
 
-def _union_ms(spans: list[tuple[float, float]]) -> float:
+def union_ms(spans: list[tuple[float, float]]) -> float:
     """The length of the union of ``spans`` (microseconds, as the profiler's) in milliseconds."""
     return sum(e - s for s, e in merged_spans(spans)) / 1e3
 
@@ -406,5 +406,5 @@ def profile_prefill(model: HybridLM, tokens: int, batch: int = 1) -> PrefillProf
     if not cuda:
         return PrefillProfile(model.cfg.name, tokens, batch, wall, None, None)
     kernels = [e for e in prof.events() if _is_kernel(e)]
-    busy = _union_ms([(e.time_range.start, e.time_range.end) for e in kernels])
+    busy = union_ms([(e.time_range.start, e.time_range.end) for e in kernels])
     return PrefillProfile(model.cfg.name, tokens, batch, wall, len(kernels), busy)
