@@ -173,6 +173,28 @@ def test_products_together(dtype, device, monkeypatch):
     assert torch.equal(o, o_split) and torch.equal(s, s_split)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_x_stored_in_the_input_dtype(dtype, device, monkeypatch):
+    """The solve's X in its own buffer in the inputs' dtype (x_in_input_dtype, the default) against
+    float32 X stored over L: packed odd lengths, grouped heads, every buffer the op allocates
+    poisoned (X's blocks above the diagonal are never stored in its own buffer: read unmasked, W and
+    U0 pick up NaN). bf16: both within the recurrence's bound; float32 inputs keep float32 X, bit
+    for bit."""
+    lengths = [70, 1, 0, 33, 129]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=47, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(48)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    poison_empty(monkeypatch, cdr)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, x_in_input_dtype=True)
+    o32, s32 = _run(q, k, v, g, beta, state, cu_seqlens=cu, x_in_input_dtype=False)
+    for out, final in ((o, s), (o32, s32)):
+        assert rel_err(out, o_ref) < BOUND[dtype]
+        assert rel_err(final, s_ref) < BOUND[dtype]
+    if dtype == torch.float32:
+        assert torch.equal(o, o32) and torch.equal(s, s32)
+
+
 def test_bad_settings_are_refused(device):
     q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
     a = (q, k, v, g, beta, state)
@@ -182,7 +204,8 @@ def test_bad_settings_are_refused(device):
                                ("prepare_warps", 0, "prepare_warps must be a power of two >= 1, got 0"),
                                ("num_warps", None, "num_warps must be a power of two >= 1, got None"),
                                ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0"),
-                               ("products_together", 1, "products_together must be True or False, got 1")]:
+                               ("products_together", 1, "products_together must be True or False, got 1"),
+                               ("x_in_input_dtype", "yes", "x_in_input_dtype must be True or False, got 'yes'")]:
         with pytest.raises(ValueError, match=match):
             chunk_delta_rule(*a, **{name: value})
     with pytest.raises(TypeError, match="prepare"):  # the forms that measured slower are gone

@@ -49,6 +49,9 @@ PACKED = (8, 2048)  # sequences x tokens, as one varlen call
 # chunk_delta_rule's launch settings, by name; "default" is whatever the module's defaults are
 VARIANTS = {
     "default": {},
+    # what the model runs on this GPU: the settings of its tuning file (labkit.tuning.settings;
+    # the module's defaults where it has none). None here: read when the bench runs
+    "file": None,
     # one output program per chunk (it forms P once, not per 64 columns): 0.796 -> 0.775 ms at
     # T = 16,384 (data/bench/nvidia-h200/gdn-prefill.json)
     "default+ob128": dict(output_block_v=128),
@@ -91,6 +94,9 @@ VARIANTS = {
     # (products together became the default on 2026-12-06: labkit.ops.chunk_delta_rule.PRODUCTS_TOGETHER;
     # the solve with L in registers, timed by the variants tuned+registers* of commit 61db211, was slower)
     "tuned+products-together": dict(num_stages=3, output_block_v=128, products_together=True),
+    # X stored float32 over L by the solve, as before 2026-12-06 (labkit.ops.chunk_delta_rule.X_IN_INPUT_DTYPE:
+    # since then X is stored in the inputs' dtype, into its own buffer)
+    "tuned+x-float32": dict(num_stages=3, output_block_v=128, x_in_input_dtype=False),
     # the solve at 2 warps: 255 registers (8 bytes of spills), 4 programs per SM instead of 2 at 4
     # warps (219 registers), for a solve whose row-by-row substitution waits on memory, not on
     # arithmetic; the products stay at 4 warps
@@ -224,6 +230,7 @@ def bench_gdn_prefill(
         raise ValueError(f"profile must be a number of replays >= 0, got {profile!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("the GDN prefill benchmark needs a CUDA GPU (CUDA graphs, CUDA events)")
+    from .. import tuning
     from ..ops.chunk_delta_rule import chunk_delta_rule
     from ..lab.timing import measure
     from .decode import _error as error_text
@@ -265,6 +272,8 @@ def bench_gdn_prefill(
             rows.append(row)
         for name in variants:
             kw = VARIANTS[name]
+            if kw is None:  # "file"
+                kw = dict(tuning.settings("chunk_delta_rule", x["q"].device))
             row = GdnPrefillResult("labkit", sequences, total, variant=name)
             try:
                 o, _ = chunk_delta_rule(**x, **kw)

@@ -23,12 +23,13 @@ Only the last three lines depend on S0, so only they are sequential over the chu
 kernels (fla's chunk path has the same shape):
 
 - ``_solve_kernel``, one program per (chunk, value head), all in parallel: G, and X. L is formed
-  whole (one [C, K] x [K, C] product) and parked in the X buffer, so that no key tile stays live
-  through the solve. X is formed in 16 x 16 blocks: the four diagonal blocks together by forward
-  substitution a row at a time (broadcast products and in-warp sums, no tl.dot rounds), then
-  X_ij = -X_ii sum_{j<=m<i} L_im X_mj below the diagonal. That is the usual stable triangular
+  whole (one [C, K] x [K, C] product) and parked in a float32 scratch buffer, so that no key tile
+  stays live through the solve. X is formed in 16 x 16 blocks: the four diagonal blocks together
+  by forward substitution a row at a time (broadcast products and in-warp sums, no tl.dot rounds),
+  then X_ij = -X_ii sum_{j<=m<i} L_im X_mj below the diagonal. That is the usual stable triangular
   inverse; power-series shortcuts ((I - L)(I + L^2)(I + L^4)...) cancel catastrophically when
-  keys repeat, so none is used.
+  keys repeat, so none is used. X is stored in the input dtype, in its own buffer
+  (``x_in_input_dtype``; float32 over L for float32 inputs).
 - ``_products_kernel``, per (chunk, value head, part): W (part 0) or U0 (part 1) from the stored X
   and G, one 64-row product of X whole per column block (stored like the inputs, [tokens, Hv, ...]);
   with ``products_together``, per (chunk, value head): both, from one read of X.
@@ -80,8 +81,9 @@ has it (``solve_in_registers``, ``x_in_input_dtype``) and the bench variants ``t
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
 takes its operands in the input dtype (bf16 tensor-core products on a GPU), so the state and the
-deltas are rounded to bf16 where they enter a product, never where they are kept; W, U0 and the
-chunk start states are stored in the input dtype. With bf16 inputs the error is then of the order
+deltas are rounded to bf16 where they enter a product, never where they are kept; X, W, U0 and
+the chunk start states are stored in the input dtype (X, as fla stores its inverse, then scaled
+by the gates in float32 and rounded again where it enters the products). With bf16 inputs the error is then of the order
 of the output's own bf16 rounding (the tests bound it by 1e-2). Float32 inputs get float32
 products throughout.
 
@@ -118,7 +120,13 @@ at 4,096 / 16,384 tokens against fla's 0.172 / 0.632). On an H100 with the produ
 default since 2026-12-06; data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-registers-loop.json, the
 same settings): 0.186 / 0.712 / 0.613 ms at 4,096 / 16,384 / 8 x 2,048 against fla's 0.182 / 0.708 /
 0.554, the solve (39 / 154 / 158 us against fla's 28 / 109 / 109) and the products (35 / 140 / 142
-against 24 / 108 / 109) behind, the walk and the outputs ahead.
+against 24 / 108 / 109) behind, the walk and the outputs ahead. With X stored in bf16 (the default
+since 2026-12-06, ``X_IN_INPUT_DTYPE``; H100, the GPU's own settings file, fla in the same run:
+data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-x-bf16.json) the products took 28.7 / 121.0 / 120.5
+us against 33.6 / 136.6 / 137.8 with float32 X, the solve 40.3 / 158.8 / 160.7 against 39.7 /
+154.2 / 155.0, and the call 0.181 / 0.673 / 0.602 ms against 0.184 / 0.684 / 0.611: level with
+fla at 4,096 tokens (0.181), ahead at 16,384 (0.689), 7% behind packed (0.562), where fla's
+solve (108 us) is what we lack.
 """
 
 from __future__ import annotations
@@ -177,6 +185,10 @@ PREPARE_WARPS = 4
 # 142.8 / 144.1 us against 34.6 / 152.2 / 152.6 at T = 4,096 / 16,384 / 8 x 2,048 packed, the call
 # 0.185 / 0.688 / 0.617 ms against 0.185 / 0.700 / 0.630 (fla 0.183 / 0.693 / 0.559).
 PRODUCTS_TOGETHER = True
+# X stored by the solve in the inputs' dtype (bf16: what the products round it to anyway, as fla
+# stores its inverse), into its own buffer; L stays parked in float32. Half of X's bytes for the
+# solve to write and the products to read. Measured: see the module docstring's last paragraph.
+X_IN_INPUT_DTYPE = True
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
 # The single-chunk kernel's value columns per program and warps. 32 columns (4 programs a head, each
@@ -326,18 +338,19 @@ def _solve_rows_full(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexp
 
 # -- the intra-chunk quantities: the triangular solve, then the products ---------------------------
 @device_function
-def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
+def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, hv,
                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored float32
-    as x[t0 + row, hv, column] (rows past n are not written).
+                 SUB: tl.constexpr, XDT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored in XDT
+    as xo[t0 + row, hv, column] (rows past n are not written; nor are X's zero blocks above the
+    diagonal, unless xo is x, where they are L's own zeros: a reader of a separate xo masks them).
 
-    L is formed whole, by one [C, K] x [K, C] product, and parked in x (this program's own rows):
-    the solve then reads it back one 16 x 16 block at a time, so that no key tile stays live
-    through the solve (register pressure). The diagonal blocks are inverted by row substitution,
-    all four at once (:func:`_invert4_by_rows`), then every off-diagonal block from registers, and
-    all of X is stored at the end, over L, once every thread has read the latter (a barrier: the
-    same program's threads)."""
+    L is formed whole, by one [C, K] x [K, C] product, and parked in x (float32, this program's
+    own rows): the solve then reads it back one 16 x 16 block at a time, so that no key tile stays
+    live through the solve (register pressure). The diagonal blocks are inverted by row
+    substitution, all four at once (:func:`_invert4_by_rows`), then every off-diagonal block from
+    registers, and all of X is stored at the end, once every thread has read L (a barrier: the
+    same program's threads; ``xo`` may be ``x`` itself, X then stored over L)."""
     C: tl.constexpr = 4 * SUB
     hk = hv // (HV // HK)
     kk = tl.arange(0, BLOCK_K)
@@ -369,32 +382,34 @@ def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
     X31 = -_mm32(X33, _mm32(L31, X11) + _mm32(L32, X21))
     X30 = -_mm32(X33, _mm32(L30, X00) + _mm32(L31, X10) + _mm32(L32, X20))
     tl.debug_barrier()
-    _store_tile(x_at, r0, m0, HV * C, r0, full, X00, F32, EMULATE_RTNE)
-    _store_tile(x_at, r1, m1, HV * C, r0, full, X10, F32, EMULATE_RTNE)
-    _store_tile(x_at, r1, m1, HV * C, r1, full, X11, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r0, full, X20, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r1, full, X21, F32, EMULATE_RTNE)
-    _store_tile(x_at, r2, m2, HV * C, r2, full, X22, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r0, full, X30, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r1, full, X31, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r2, full, X32, F32, EMULATE_RTNE)
-    _store_tile(x_at, r3, m3, HV * C, r3, full, X33, F32, EMULATE_RTNE)
+    xo_at = _at(xo_ptr, t0, HV, hv, C)
+    _store_tile(xo_at, r0, m0, HV * C, r0, full, X00, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r1, m1, HV * C, r0, full, X10, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r1, m1, HV * C, r1, full, X11, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r2, m2, HV * C, r0, full, X20, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r2, m2, HV * C, r1, full, X21, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r2, m2, HV * C, r2, full, X22, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r3, m3, HV * C, r0, full, X30, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r3, m3, HV * C, r1, full, X31, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r3, m3, HV * C, r2, full, X32, XDT, EMULATE_RTNE)
+    _store_tile(xo_at, r3, m3, HV * C, r3, full, X33, XDT, EMULATE_RTNE)
 
 
 @triton.jit
 def _solve_kernel(
-    k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, num_seqs,
+    k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, xo_ptr, gcum_ptr, num_seqs,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    SUB: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    SUB: tl.constexpr, XDT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
-    """Grid (chunk slots, HV): G and X of one chunk of one value head."""
+    """Grid (chunk slots, HV): G and X of one chunk of one value head (L parked in x, X stored in
+    XDT to xo)."""
     C: tl.constexpr = 4 * SUB
     seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
     t0 = bos + c * C
     n = tl.minimum(eos - t0, C)  # tokens in this chunk; <= 0 for slots past the last chunk
     if n > 0:
-        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1),
-                     HK, HV, DK, BLOCK_K, SUB, DOT_F32, EMULATE_RTNE)
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, tl.program_id(1),
+                     HK, HV, DK, BLOCK_K, SUB, XDT, DOT_F32, EMULATE_RTNE)
 
 
 @device_function
@@ -436,7 +451,10 @@ def _products_kernel(
         hk = hv // (HV // HK)
         r = tl.arange(0, C)
         rm = r < n
-        X = _tile(_at(x_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C)  # rows past n are another chunk's: masked to 0
+        # X's rows past n are another chunk's and its blocks above the diagonal were never stored
+        # (unit lower-triangular X): both masked to 0
+        below = (r[None, :] // SUB) <= (r[:, None] // SUB)
+        X = tl.load(_at(x_ptr, t0, HV, hv, C) + r[:, None] * (HV * C) + r[None, :], mask=rm[:, None] & below, other=0.0)
         beta = tl.load(_at(beta_ptr, t0, HV, hv, 1) + r * HV, mask=rm, other=0.0).to(tl.float32)
         if TOGETHER:
             _w_rows(w_ptr, k_ptr, gcum_ptr, t0, hv, hk, X, beta, rm, HK, HV, DK, BLOCK_K, KC, DT, DOT_F32, EMULATE_RTNE)
@@ -607,8 +625,8 @@ def _single_chunk_kernel(
     x_at = x_ptr + scratch * C
     gcum_at = gcum_ptr + scratch
     if n > 0:
-        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB, DOT_F32,
-                     EMULATE_RTNE)
+        _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB,
+                     tl.float32, DOT_F32, EMULATE_RTNE)
     tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
     # S0 is read after the solve (its registers are not held through it), first rounded to DT for
     # the two products that take it, and again in float32 for the final state.
@@ -800,6 +818,7 @@ def chunk_delta_rule(
     wide_stages: int = WIDE_STAGES,
     walk_blocks_first: bool = WALK_BLOCKS_FIRST,
     products_together: bool = PRODUCTS_TOGETHER,
+    x_in_input_dtype: bool = X_IN_INPUT_DTYPE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -843,7 +862,10 @@ def chunk_delta_rule(
         walk_blocks_first: the walk's programs ordered with the value blocks of a (sequence, head)
         together (``_walk_kernel``);
         products_together (``PRODUCTS_TOGETHER``): W and U0 of a chunk by one program, which reads
-        X once, instead of one program each (``_products_kernel``).
+        X once, instead of one program each (``_products_kernel``);
+        x_in_input_dtype (``X_IN_INPUT_DTYPE``): the solve stores X in the inputs' dtype (bf16 or
+        fp16: half the bytes for the products to read; X is rounded there, as fla rounds its
+        inverse) instead of float32 over L; float32 inputs keep float32 X either way.
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
 
@@ -928,7 +950,8 @@ def chunk_delta_rule(
             raise ValueError(f"{name} must be a number of stages >= 1, got {stages!r}")
     if not isinstance(walk_programs_per_sm, int) or isinstance(walk_programs_per_sm, bool) or walk_programs_per_sm < 0:
         raise ValueError(f"walk_programs_per_sm must be an integer >= 0 (0: never widen), got {walk_programs_per_sm!r}")
-    for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together)):
+    for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together),
+                       ("x_in_input_dtype", x_in_input_dtype)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
@@ -950,17 +973,19 @@ def chunk_delta_rule(
     block_n = next_pow2(N)
     chunk_slots = _units(total, B, T, N, CHUNK, varlen)
 
-    # G and X, then W and U0, stored like the inputs: [tokens, Hv, ...]
+    # G and X, then W and U0, stored like the inputs: [tokens, Hv, ...]; L parked in x (float32),
+    # X stored over it, or with x_in_input_dtype into xo in the inputs' dtype
     gcum = torch.empty(total, Hv, dtype=torch.float32, device=device)
     x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
+    xo = torch.empty(total, Hv, CHUNK, dtype=dtype, device=device) if x_in_input_dtype and dtype != torch.float32 else x
     _solve_kernel[(chunk_slots, Hv)](
-        k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-        **flags, num_warps=prepare_warps,
+        k, g, beta, cu_seqlens, x, xo, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
+        XDT=TORCH_TO_TL[xo.dtype], **flags, num_warps=prepare_warps,
     )
     w = torch.empty(total, Hv, K, dtype=dtype, device=device)
     u = torch.empty(total, Hv, V, dtype=dtype, device=device)
     _products_kernel[(chunk_slots, Hv, 1 if products_together else 2)](
-        k, v, beta, cu_seqlens, x, gcum, w, u, N,
+        k, v, beta, cu_seqlens, xo, gcum, w, u, N,
         HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=block_k, BLOCK_DV=block_dv, KC=min(block_k, 64), VC=min(block_dv, 64),
         BLOCK_N=block_n, SUB=SUB, TOGETHER=products_together, DT=tl_dtype, **flags, num_warps=products_warps,
     )
