@@ -69,10 +69,12 @@ class SwiGLU(nn.Module):
         self.down = nn.Parameter(torch.empty(hidden, width))
 
     def forward(self, x: torch.Tensor, activation=swiglu_ref, residual: torch.Tensor | None = None,
-                project=project_ref) -> torch.Tensor:
+                project=project_ref, gate_up=None) -> torch.Tensor:
         """``activation``, ``project``: implementations of :func:`~labkit.ops.mixers.swiglu_ref` and
-        :func:`~labkit.ops.mixers.project_ref` (cores); with ``residual``, returns residual + the MLP."""
-        return project(activation(F.linear(x, self.gate_up)), self.down, residual)
+        :func:`~labkit.ops.mixers.project_ref` (cores); ``gate_up(x, weight)``, one of
+        ``activation(F.linear(x, weight))`` (None: those two); with ``residual``, returns residual + the MLP."""
+        h = activation(F.linear(x, self.gate_up)) if gate_up is None else gate_up(x, self.gate_up)
+        return project(h, self.down, residual)
 
 
 def attention_dims(cfg: ModelConfig) -> AttentionDims:
@@ -211,7 +213,8 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         # h + mixer(norm(h)), then h + mlp(norm(h)): the residual adds are the output projections'
         h = self.mixer(self.mixer_norm(h, cores.rms_norm), positions, cache, cores, residual=h)
-        return self.mlp(self.mlp_norm(h, cores.rms_norm), cores.swiglu, residual=h, project=cores.project)
+        return self.mlp(self.mlp_norm(h, cores.rms_norm), cores.swiglu, residual=h, project=cores.project,
+                        gate_up=cores.gate_up)
 
 
 class HybridLM(nn.Module):

@@ -57,6 +57,23 @@ def test_cache_writes_ttft_workload_and_precision_rows(tmp_path):
     assert len(prec["rel_err"]) == 3 and prec["state_bytes_rounded"] * 2 == prec["state_bytes_float32"]
 
 
+def test_cache_switches_the_named_fast_paths_off_for_its_run(tmp_path, monkeypatch, capsys):
+    """--paths-off: the run sees those FAST_PATHS off, and they are back on after it; a name that is
+    not a path is refused before anything runs."""
+    from labkit.bench import cache
+    from labkit.decode.fused_prefill import FAST_PATHS
+
+    seen, before = [], dict(FAST_PATHS)
+    monkeypatch.setattr(cache, "run_cache_bench", lambda args, device: seen.append(dict(FAST_PATHS)) or [])
+    assert main(["bench", "cache", "--paths-off", "gate_up_swiglu", "output_gate", "--name", "c",
+                 "--data-dir", str(tmp_path)]) == 0
+    assert seen == [{**before, "gate_up_swiglu": False, "output_gate": False}] and before["gate_up_swiglu"]
+    assert FAST_PATHS == before
+    with pytest.raises(SystemExit):
+        main(["bench", "cache", "--paths-off", "gate_up", "--name", "c", "--data-dir", str(tmp_path)])
+    assert "unknown path 'gate_up'" in capsys.readouterr().err
+
+
 def test_a_transformers_peer_is_named_for_the_gdn_kernels_it_runs(monkeypatch):
     """Plain transformers of a GDN model is refused where fla is importable (it would run fla's
     kernels), and transformers+fla where it is not: a row never carries the wrong name."""

@@ -46,6 +46,24 @@ def test_a_hit_needs_a_prefix_of_at_least_one_block(tmp_path, capsys):
     assert exit_.value.code == 2 and "--prefix" in capsys.readouterr().err
 
 
+def test_a_hit_bench_switches_fast_paths_off_and_refuses_an_unknown_one(tmp_path, capsys, monkeypatch):
+    from labkit.bench import prefix_hit
+    from labkit.decode.fused_prefill import FAST_PATHS
+
+    seen, before = [], dict(FAST_PATHS)
+
+    def timeline(*args):
+        seen.append(dict(FAST_PATHS))
+        return {"hits": 0}
+
+    monkeypatch.setattr(prefix_hit, "hit_timeline", timeline)
+    assert main(["bench", "hit-timeline", *HIT, "--paths-off", "gate_up_swiglu", "--data-dir", str(tmp_path)]) == 0
+    assert seen == [{**before, "gate_up_swiglu": False}] and before["gate_up_swiglu"] and FAST_PATHS == before
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "hit-timeline", *HIT, "--paths-off", "attention", "--data-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and "unknown path 'attention'" in capsys.readouterr().err
+
+
 def _listing(names):
     header = "Device GH100\n---------------------------------- -------------- --------- ----\nMetric Name  Metric Type  Metric Unit  Metric Description\n"
     return header + "".join(f"{n}   Counter   {''}   a counter\n" for n in names)

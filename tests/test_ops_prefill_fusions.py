@@ -267,3 +267,22 @@ def test_project_residual_adds_in_the_gemm(dtype, device):
     assert torch.equal(pf.project_residual(x, w), project_ref(x, w))  # no residual: the projection alone
     with pytest.raises(ValueError, match="does not give residual's shape"):
         pf.project_residual(x, w, h[..., :39].contiguous())
+
+
+@DTYPES
+@pytest.mark.parametrize("shape", [(3, 7), (1, 1), (2, 40)], ids=["21-rows", "1-row", "80-rows-cublas"])
+def test_gate_up_swiglu(dtype, shape, device, monkeypatch):
+    """The MLP's gate|up with SwiGLU: up to max_rows rows one skinny GEMM with the activation in its
+    epilogue (its output poisoned before it runs), more rows cuBLAS and the SwiGLU kernel; both the
+    reference's function. Odd widths (K = 40, W = 37): masked tiles."""
+    from labkit.ops import linear as lin
+
+    poison_empty(monkeypatch, lin)
+    x = _randn(*shape, 40, seed=71, dtype=dtype, device=device)
+    w = _randn(2 * 37, 40, seed=72, dtype=dtype, device=device, scale=0.3)
+    want = swiglu_ref(torch.nn.functional.linear(x, w))
+    got = pf.gate_up_swiglu(x, w, max_rows=64)
+    assert got.shape == (*shape, 37) and got.dtype == dtype
+    # gate and up rounded to the dtype before silu as the reference; only the sums' order differs
+    assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(pf.gate_up_swiglu(x, w, max_rows=0), pf.swiglu_rows(torch.nn.functional.linear(x, w)))

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..config import PRESETS
+from ..decode.fused_prefill import FAST_PATHS
 from ..lab.hw import device_facts
 from ..model import HybridLM, build
 from .article_cache import add_arguments as add_article_cache_arguments
@@ -146,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--warm-up", action="store_true",
                    help="ttft: pay the first call's compiles and captures at PrefixCache(..., warm_up=decoder), "
                         "reported apart (warm_up_ms) from the first miss and hit after it and the steady state")
+    c.add_argument("--paths-off", nargs="+", default=[], metavar="PATH",
+                   help="switch these fast paths of the fused prefill off for the whole run "
+                        "(labkit.decode.fused_prefill.FAST_PATHS): what each saves, measured as the run without it")
     c.add_argument("--device", default="auto")
     c.add_argument("--name", required=True, type=results_name, help="results go to data/bench/<gpu>/<name>.json")
     c.add_argument("--data-dir", type=Path, default=DATA_DIR)
@@ -174,6 +178,7 @@ OWN_PARSERS = {
     "counters": ("labkit.bench.counters", ("counters",)),  # one decode step's kernels under Nsight Compute
     "bank-conflicts": ("labkit.bench.counters", ("bank-conflicts",)),  # shared-tile transposes: predicted, counted
     "prefill-profile": ("labkit.bench.prefill_profile", ()),  # a prefill's device time, kernel by kernel
+    "tail-ops": ("labkit.bench.tail_ops", ()),  # a hit tail's gate|up and attention against cuBLAS / SDPA
 }
 
 
@@ -192,6 +197,9 @@ def main(argv: list[str]) -> int:
     presets = [m for m in getattr(args, "models", None) or [] if m not in PRESETS]
     if presets and args.what in ("decode", "prefill", "ops"):  # (bench cache also takes shipped checkpoints)
         parser.error(f"argument --models: unknown preset {presets[0]!r}; choose from {', '.join(PRESETS)}")
+    paths = [p for p in getattr(args, "paths_off", None) or [] if p not in FAST_PATHS]
+    if paths:
+        parser.error(f"argument --paths-off: unknown path {paths[0]!r}; choose from {', '.join(FAST_PATHS)}")
     if not torch.cuda.is_available():  # Triton kernels can only run in its interpreter here
         from ..lab.notebooks import cpu_environment
 
@@ -229,8 +237,10 @@ def main(argv: list[str]) -> int:
     rows: list = []
     if args.what == "cache":
         from .cache import run_cache_bench
+        from .prefill_profile import paths_switched_off
 
-        rows = run_cache_bench(args, device)
+        with paths_switched_off(tuple(args.paths_off)):
+            rows = run_cache_bench(args, device)
         command = shlex.join(["python", "-m", "labkit", "bench", *argv])
         path = write_results(args.name, "prefix-cache", rows, facts, command=command, data_dir=args.data_dir)
         print(f"wrote {path}")

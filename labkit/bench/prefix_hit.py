@@ -243,6 +243,9 @@ def case_parser(what: str, description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--backend", help="a labkit backend (default fused+graph on a GPU, reference on a CPU)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"])
     p.add_argument("--block-size", type=positive_int, help="the PrefixCache's block (default 256 on a GPU)")
+    p.add_argument("--paths-off", nargs="+", default=[], metavar="PATH",
+                   help="switch these fast paths of the fused prefill off for the run "
+                        "(labkit.decode.fused_prefill.FAST_PATHS)")
     p.add_argument("--device", default="auto")
     p.add_argument("--name", type=results_name, default=what, help="results go to data/bench/<gpu>/<name>.json")
     p.add_argument("--data-dir", type=Path, default=DATA_DIR)
@@ -252,7 +255,12 @@ def case_parser(what: str, description: str | None) -> argparse.ArgumentParser:
 def case_arguments(p: argparse.ArgumentParser, argv: list[str], defaults: tuple = ()) -> argparse.Namespace:
     """``argv`` parsed, with what was not given filled (:data:`CASE_DEFAULTS`, then ``defaults``:
     (name, on a GPU, on a CPU) each) and, on a CPU, the interpreter's environment set."""
+    from ..decode.fused_prefill import FAST_PATHS
+
     args = p.parse_args(argv)
+    unknown = [name for name in args.paths_off if name not in FAST_PATHS]
+    if unknown:
+        p.error(f"argument --paths-off: unknown path {unknown[0]!r}; choose from {', '.join(FAST_PATHS)}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = args.device.startswith("cuda")
@@ -284,6 +292,7 @@ def write_case(args: argparse.Namespace, what: str, argv: list[str], doc: dict) 
 def main(argv: list[str], what: str) -> int:
     """``python -m labkit bench hit-timeline|hit-host [options]``."""
     from .cli import positive_int
+    from .prefill_profile import paths_switched_off
 
     p = case_parser(what, __doc__)
     p.add_argument("--prefix", type=positive_int, help="cached tokens (default 4096 on a GPU)")
@@ -296,7 +305,8 @@ def main(argv: list[str], what: str) -> int:
                 "nothing would be cached")
     model = case_model(args)
     measure = hit_timeline if what == "hit-timeline" else hit_host
-    doc = measure(model, args.backend, args.prefix, args.tail, args.block_size, getattr(args, count[0]))
+    with paths_switched_off(tuple(args.paths_off)):
+        doc = measure(model, args.backend, args.prefix, args.tail, args.block_size, getattr(args, count[0]))
     for k, v in doc.items():
         if k != "rows" and not isinstance(v, list):
             print(f"{k:55s} {v:.4f}" if isinstance(v, float) else f"{k:55s} {v}")

@@ -140,7 +140,10 @@ def main(argv: list[str]) -> int:
     if args.tokens < args.block_size:
         p.error(f"argument --tokens: {args.tokens} is shorter than one block (--block-size {args.block_size}): "
                 "a miss would store nothing")
-    doc = miss_timeline(case_model(args), args.backend, args.tokens, args.block_size, args.repeats)
+    from .prefill_profile import paths_switched_off
+
+    with paths_switched_off(tuple(args.paths_off)):
+        doc = miss_timeline(case_model(args), args.backend, args.tokens, args.block_size, args.repeats)
     for name in ("no cache", "steady miss"):
         d = doc[name]
         first = "-" if d["first_kernel_ms"] is None else f"{d['first_kernel_ms']:.3f}"

@@ -44,9 +44,15 @@ from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing
 # - "output_gate": Qwen3.5 attention's o * sigmoid(gate) in one kernel;
 # - "conv_window_in_place": the conv kernels write the cache's new conv windows themselves;
 # - "attention_inputs": attention's q/k norm + RoPE and the KV cache write in one kernel (else two
-#   norm + RoPE kernels and the cache write by "store_kv_slice" or the indexed reference).
+#   norm + RoPE kernels and the cache write by "store_kv_slice" or the indexed reference);
+# - "gate_up_swiglu": the MLP's gate|up projection of a few rows (a prefix-cache hit's tail) with
+#   SwiGLU in its epilogue, one skinny GEMM (else cuBLAS, then the SwiGLU kernel);
+# - "tail_attention": attention of up to 64 new tokens after a cache's prefix (a hit's tail) by the
+#   key-split Triton kernels of labkit.ops.tail_attention (else SDPA's bottom-right causal form). Off:
+#   slower than SDPA's flash kernels for Qwen3.5-0.8B (31.95 against 26.98 us a layer at 64 tokens
+#   after 4,096, H100), level for LFM2-350M (19.19 against 19.07; data/bench/nvidia-h100-80gb-hbm3/tail-ops.json).
 FAST_PATHS = {"project_residual": True, "store_kv_slice": True, "output_gate": True, "conv_window_in_place": True,
-              "attention_inputs": True}
+              "attention_inputs": True, "gate_up_swiglu": True, "tail_attention": False}
 
 
 def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpoint_every: int | None = None,
@@ -91,7 +97,9 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
     (norms, the convs, the GDN gates and output norm, SwiGLU, the output gate) are one kernel
     each, and so are attention's q/k norm + RoPE with the KV cache write (a token's slot is its
     position, whatever the rows' lengths); the convs update the cache's windows in place, and the
-    residual adds are folded into the output projections' GEMMs. Without the fusions, when every
+    residual adds are folded into the output projections' GEMMs; the MLP gate|up of up to 64 rows (a
+    hit's tail) is one skinny GEMM with SwiGLU in the epilogue (and with ``FAST_PATHS["tail_attention"]``
+    such a tail's attention comes from :func:`labkit.ops.tail_attention.attend_short_tail`). Without the fusions, when every
     row starts at one length, the KV cache is written by slice copies
     (:func:`labkit.ops.mixers.store_kv_slice`). :data:`FAST_PATHS` switches
     these off one by one (for measurements)."""
@@ -108,6 +116,10 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
         store_kv = partial(store_kv_slice, start=start, key_positions=slots)
     if fusions is None:
         return MixerCores(delta_rule=delta_rule, attend=attend, store_kv=store_kv)
+    if start is not None and start > 0 and FAST_PATHS["tail_attention"]:
+        from ..ops.tail_attention import attend_short_tail  # Triton: loaded with the fusions
+
+        attend = partial(attend_short_tail, start=start)
     fast = {}
     norm_rope_settings = tuning.settings("norm_rope", cache.device)
     if fused_kv and slots is not None:
@@ -117,6 +129,8 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
         fast["project"] = fusions.project_residual
     if FAST_PATHS["output_gate"]:
         fast["output_gate"] = fusions.sigmoid_gate_rows
+    if FAST_PATHS["gate_up_swiglu"]:
+        fast["gate_up"] = partial(fusions.gate_up_swiglu, **tuning.settings("tail_gate_up", cache.device))
     in_place = FAST_PATHS["conv_window_in_place"]
     return MixerCores(delta_rule=delta_rule, attend=attend, store_kv=store_kv,
                       gdn_inputs=partial(fusions.gdn_inputs, update_state=in_place,

@@ -238,7 +238,9 @@ class MixerCores:
     delta rule takes them in that dtype); ``gated_norm`` as
     :func:`~labkit.ops.norm.gated_rms_norm_ref`; ``short_conv`` as :func:`short_conv_ref`;
     ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
-    ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``norm_rope`` as :func:`norm_rope_ref`
+    ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``gate_up(x, weight)`` as
+    ``swiglu(F.linear(x, weight))`` (the MLP's input projection and activation together; None
+    composes those two); ``norm_rope`` as :func:`norm_rope_ref`
     (attention's q and k before the core); ``store_kv`` as :func:`store_kv_ref` (attention's cache
     write); ``attention_inputs`` as :func:`attention_inputs_ref` (``norm_rope`` of q and k, then
     ``store_kv``, in one call; None composes those two); ``output_gate`` as :func:`output_gate_ref`;
@@ -262,6 +264,7 @@ class MixerCores:
     output_gate: Callable[..., torch.Tensor] = output_gate_ref
     project: Callable[..., torch.Tensor] = project_ref
     attention_inputs: Callable[..., tuple] | None = None  # None: norm_rope twice, then store_kv
+    gate_up: Callable[..., torch.Tensor] | None = None  # None: F.linear, then swiglu
 
     def __post_init__(self) -> None:
         # the references are defined below this class: fill them in where left out

@@ -25,6 +25,9 @@ Kernels and settings (names are the parameters of the function that takes them):
   tokens per program, warps, heads next to each other in the grid's launch order);
 - ``fused_prefill``: ``capture_at`` (a prompt length's prefill is captured in a CUDA graph when it
   comes this many times) and ``graphs`` (lengths kept) of the fused+graph decoder;
+- ``tail_gate_up``: ``max_rows`` (the most rows, a prefix-cache hit's tail, whose MLP gate|up runs
+  as one skinny GEMM with SwiGLU in its epilogue; 0: never), ``block_n``, ``block_k``,
+  ``num_warps``, ``num_stages`` (its blocking) (:func:`labkit.ops.prefill_fusions.gate_up_swiglu`);
 - ``chunk_delta_rule``: the launch settings of :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`
   (``block_v``, ``num_warps``, ``num_stages`` of the walk; ``prepare_warps``; ``output_block_v``,
   ``output_warps`` of the deferred outputs; ``single_block_v``, ``single_warps`` of the
@@ -83,6 +86,13 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     # and 16 tokens per program 8% faster (data/tuning/nvidia-h200.json)
     "gdn_inputs": {"block_t": (32, _pow2), "num_warps": (4, _pow2), "heads_first": (True, _boolean)},
     "fused_prefill": {"capture_at": (2, _positive), "graphs": (4, _positive)},
+    # a tail's gate|up, 64 rows, in a chain over every layer's weights on an H100 (2026-12-06,
+    # python -m labkit bench tail-ops --sweep: data/bench/nvidia-h100-80gb-hbm3/tail-ops.json): 9.02 /
+    # 10.05 us for Qwen3.5-0.8B / LFM2-350M against cuBLAS + the SwiGLU kernel's 11.25 / 12.31; of
+    # the sweep's blockings 32 columns were faster for Qwen3.5 (7.96 us) and slower for LFM2, 64 the
+    # fastest for LFM2 (10.03); split K was slower at every width (an exploratory sweep, 1 to 16 splits)
+    "tail_gate_up": {"max_rows": (64, _non_negative), "block_n": (64, _pow2), "block_k": (128, _pow2),
+                     "num_warps": (4, _pow2), "num_stages": (4, _positive)},
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
                          "single_block_v": (32, _pow2), "single_warps": (4, _pow2),

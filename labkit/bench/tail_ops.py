@@ -1,0 +1,166 @@
+"""A prefix-cache hit's tail, op by op: its MLP gate|up (cuBLAS then the SwiGLU kernel, against one
+skinny GEMM with SwiGLU in its epilogue: :func:`labkit.ops.prefill_fusions.gate_up_swiglu`) and its
+attention after the cached prefix (SDPA's bottom-right causal form, against the key-split kernels of
+:mod:`labkit.ops.tail_attention`).
+
+    python -m labkit bench tail-ops --models qwen3.5-0.8b lfm2-350m --rows 16 64 [--sweep] --name tail-ops
+
+Each form runs as a chain over every layer's own weights (random, the preset's shapes: more bytes
+than L2 holds, as in a tail's replay, where each layer reads its weights once) or, for attention,
+every attention layer's own keys and values (``--prefix`` cached tokens, the tail's rows as new
+tokens), captured in one CUDA graph and replayed; the figure is the median replay divided by the
+layers, so a kernel's launch gap inside the graph is in it. The floor beside each: the layer's
+weight (or key and value) bytes at the GPU's measured copy bandwidth. ``--sweep`` also times the
+skinny GEMM's blockings (one K split: split-K's partial sums were slower at 64 rows in the sweep
+that chose the default) and reports the fastest. Each form's output is checked against the
+reference: ``swiglu_ref(F.linear(x, w))``, :func:`labkit.ops.mixers.attend_ref`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+SWEEP = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+         for bn, bk in ((16, 128), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64), (128, 128))
+         for w, st in ((4, 3), (4, 4), (8, 3))]
+
+
+@dataclass
+class TailOpRow:
+    op: str  # "gate_up" or "attention"
+    model: str
+    rows: int  # new tokens (attention: per sequence, batch 1)
+    layers: int
+    floor_us: float  # one layer's weights (attention: keys and values in use) at the measured copy bandwidth
+    shape: dict = field(default_factory=dict)
+    baseline_us: float | None = None  # cuBLAS then swiglu_rows; SDPA's attend_continuing
+    fused_us: float | None = None  # gate_up_swiglu (the GPU's tail_gate_up settings); attend_tail
+    settings: dict = field(default_factory=dict)
+    rel_err: float | None = None  # the fused form against the reference, layer 0
+    baseline_rel_err: float | None = None
+    sweep: list = field(default_factory=list)  # gate_up: {settings, us, rel_err} per blocking, fastest first
+    error: str | None = None
+
+
+def _chain_us(calls) -> float:
+    """Microseconds per call of the chain (measure's median replay, divided by its calls)."""
+    from ..lab.timing import measure
+
+    return measure(calls, repeats=15, warmup=2).ms * 1000
+
+
+def bench_gate_up(model: str, rows: int, copy_bytes_per_s: float, sweep: bool = False) -> TailOpRow:
+    from .. import tuning
+    from ..config import PRESETS
+    from ..ops.mixers import swiglu_ref
+    from ..ops.prefill_fusions import gate_up_swiglu, swiglu_rows
+    from .decode import _error
+    from .ops import rel_err
+
+    cfg = PRESETS[model]
+    dt, dev = torch.bfloat16, torch.device("cuda")
+    K, W, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    gen = torch.Generator(device=dev).manual_seed(0)
+    weights = [(torch.randn(2 * W, K, device=dev, generator=gen) * K**-0.5).to(dt) for _ in range(L)]
+    x = torch.randn(rows, K, device=dev, generator=gen).to(dt)
+    row = TailOpRow("gate_up", model, rows, L, 2 * W * K * 2 / copy_bytes_per_s * 1e6, dict(hidden=K, width=W))
+    want = swiglu_ref(F.linear(x, weights[0]))
+    try:
+        row.baseline_us = _chain_us([lambda w=w: swiglu_rows(F.linear(x, w)) for w in weights])
+        row.baseline_rel_err = rel_err(swiglu_rows(F.linear(x, weights[0])), want)
+        row.settings = dict(tuning.settings("tail_gate_up", dev))
+        row.rel_err = rel_err(gate_up_swiglu(x, weights[0], **row.settings), want)
+        row.fused_us = _chain_us([lambda w=w: gate_up_swiglu(x, w, **row.settings) for w in weights])
+        for blocking in SWEEP if sweep else []:
+            s = {**row.settings, **blocking, "max_rows": max(rows, 1)}
+            try:
+                err = rel_err(gate_up_swiglu(x, weights[0], **s), want)
+                us = _chain_us([lambda w=w: gate_up_swiglu(x, w, **s) for w in weights])
+                row.sweep.append(dict(settings=blocking, us=us, rel_err=err))
+            except Exception as exc:  # a blocking that does not fit (shared memory): recorded
+                row.sweep.append(dict(settings=blocking, error=_error(exc)))
+        row.sweep.sort(key=lambda r: r.get("us", float("inf")))
+    except Exception as exc:
+        row.error = _error(exc)
+    return row
+
+
+def bench_attention(model: str, rows: int, prefix: int, copy_bytes_per_s: float) -> TailOpRow:
+    from ..config import PRESETS
+    from ..ops.mixers import attend_continuing, attend_ref
+    from ..ops.tail_attention import attend_tail
+    from .decode import _error
+    from .ops import rel_err
+
+    cfg = PRESETS[model]
+    dt, dev = torch.bfloat16, torch.device("cuda")
+    nh, nkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    L = cfg.layer_types.count("attention")
+    used = prefix + rows
+    gen = torch.Generator(device=dev).manual_seed(1)
+    q = torch.randn(1, rows, nh, D, device=dev, generator=gen).to(dt).transpose(1, 2)
+    kv = [tuple(torch.randn(1, nkv, used, D, device=dev, generator=gen).to(dt) for _ in range(2)) for _ in range(L)]
+    positions = (prefix + torch.arange(rows, device=dev))[None]
+    key_positions = torch.arange(used, device=dev)[None]
+    row = TailOpRow("attention", model, rows, L, 2 * nkv * used * D * 2 / copy_bytes_per_s * 1e6,
+                    dict(prefix=prefix, heads=nh, kv_heads=nkv, head_dim=D))
+    try:
+        want = attend_ref(q.float(), kv[0][0].float(), kv[0][1].float(), positions, key_positions)
+        sdpa = lambda k, v: attend_continuing(q, k, v, positions, key_positions, start=prefix)  # noqa: E731
+        mine = lambda k, v: attend_tail(q, k, v, positions, key_positions, start=prefix)  # noqa: E731
+        row.baseline_rel_err = rel_err(sdpa(*kv[0]).float(), want)
+        row.rel_err = rel_err(mine(*kv[0]).float(), want)
+        row.baseline_us = _chain_us([lambda k=k, v=v: sdpa(k, v) for k, v in kv])
+        row.fused_us = _chain_us([lambda k=k, v=v: mine(k, v) for k, v in kv])
+    except Exception as exc:
+        row.error = _error(exc)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ..config import PRESETS
+    from ..lab.hw import device_facts
+    from .cli import positive_int, results_name
+    from .results import DATA_DIR, write_results
+
+    p = argparse.ArgumentParser(prog="python -m labkit bench tail-ops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["qwen3.5-0.8b", "lfm2-350m"], choices=list(PRESETS))
+    p.add_argument("--rows", nargs="+", type=positive_int, default=[16, 64], help="the tail's new tokens")
+    p.add_argument("--prefix", type=positive_int, default=4096, help="cached tokens before the tail (attention)")
+    p.add_argument("--sweep", action="store_true", help="also time the skinny GEMM's blockings")
+    p.add_argument("--name", type=results_name, help="also write data/bench/<gpu>/<name>.json")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("the tail benchmark times CUDA graphs: it needs a CUDA GPU")
+    facts = device_facts("cuda")
+    rows = []
+    print(f"{'op':>9} {'model':>13} {'rows':>4} {'floor us':>8} {'baseline':>8} {'fused':>7} {'best of sweep':>13}  rel err")
+    for model in args.models:
+        for m in args.rows:
+            for r in (bench_gate_up(model, m, facts.copy_bytes_per_s, args.sweep),
+                      bench_attention(model, m, args.prefix, facts.copy_bytes_per_s)):
+                rows.append(r)
+                if r.error:
+                    print(f"{r.op:>9} {model:>13} {m:>4} FAILED {r.error}")
+                    continue
+                best = next((s for s in r.sweep if "us" in s), None)
+                print(f"{r.op:>9} {model:>13} {m:>4} {r.floor_us:8.2f} {r.baseline_us:8.2f} {r.fused_us:7.2f} "
+                      f"{best['us'] if best else float('nan'):13.2f}  {r.rel_err:.1e}"
+                      + (f"  {best['settings']}" if best else ""))
+    if args.name:
+        argv = sys.argv[1:] if argv is None else argv
+        command = shlex.join(["python", "-m", "labkit", "bench", "tail-ops", *argv])
+        print(write_results(args.name, "tail-ops", rows, facts, command=command, data_dir=DATA_DIR))
+    return 1 if any(r.error for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
