@@ -71,7 +71,7 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor, activation=swiglu_ref, residual: torch.Tensor | None = None,
                 project=project_ref, gate_up=None) -> torch.Tensor:
         """``activation``, ``project``: implementations of :func:`~labkit.ops.mixers.swiglu_ref` and
-        :func:`~labkit.ops.mixers.project_ref` (cores); ``gate_up(x, weight)``, one of
+        :func:`~labkit.ops.mixers.project_ref` (cores); ``gate_up(x, weight)``: an implementation of
         ``activation(F.linear(x, weight))`` (None: those two); with ``residual``, returns residual + the MLP."""
         h = activation(F.linear(x, self.gate_up)) if gate_up is None else gate_up(x, self.gate_up)
         return project(h, self.down, residual)

@@ -97,9 +97,10 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
     (norms, the convs, the GDN gates and output norm, SwiGLU, the output gate) are one kernel
     each, and so are attention's q/k norm + RoPE with the KV cache write (a token's slot is its
     position, whatever the rows' lengths); the convs update the cache's windows in place, and the
-    residual adds are folded into the output projections' GEMMs; the MLP gate|up of up to 64 rows (a
-    hit's tail) is one skinny GEMM with SwiGLU in the epilogue (and with ``FAST_PATHS["tail_attention"]``
-    such a tail's attention comes from :func:`labkit.ops.tail_attention.attend_short_tail`). Without the fusions, when every
+    residual adds are folded into the output projections' GEMMs; the MLP gate|up of up to 64 rows
+    (a hit's tail) is one skinny GEMM with SwiGLU in the epilogue (and with
+    ``FAST_PATHS["tail_attention"]`` such a tail's attention comes from
+    :func:`labkit.ops.tail_attention.attend_short_tail`). Without the fusions, when every
     row starts at one length, the KV cache is written by slice copies
     (:func:`labkit.ops.mixers.store_kv_slice`). :data:`FAST_PATHS` switches
     these off one by one (for measurements)."""

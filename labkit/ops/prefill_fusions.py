@@ -150,9 +150,10 @@ def gate_up_swiglu(x: torch.Tensor, weight: torch.Tensor, *, max_rows: int = 64,
     that neither the [rows, 2W] projection nor a second kernel exists; its blocking is
     ``block_n``, ``block_k``, ``num_warps``, ``num_stages`` (one K split: split-K's partial sums
     measured slower at 64 rows; ``block_k`` counts elements of a 16-bit model: a float32 model's
-    K tiles hold as many bytes, half the elements, so that its pipeline fits shared memory). More rows: cuBLAS's GEMM, then :func:`swiglu_rows` (at prompt
-    sizes cuBLAS's tiles are far faster than the skinny kernel's). The epilogue rounds gate and up
-    to the dtype before silu, as the two-step reference does; only the sums' order differs."""
+    K tiles hold as many bytes, half the elements, so that its pipeline fits shared memory). More
+    rows: cuBLAS's GEMM, then :func:`swiglu_rows` (at prompt sizes cuBLAS's tiles are far faster
+    than the skinny kernel's). The epilogue rounds gate and up to the dtype before silu, as the
+    two-step reference does; only the sums' order differs."""
     from .linear import LinearConfig, linear, linear_config, m_bucket
 
     check_tensor("x", x, dtype=FLOAT_DTYPES)

@@ -7,23 +7,32 @@ for the T new queries of every sequence at positions start..start+T-1 and the ke
 
 with G = nh / nkv query heads per key head. A 64-token tail after 4,096 cached tokens has few
 queries and many keys: SDPA's flash kernel then splits the keys and merges the splits in a second
-kernel, 27.5 us a layer for Qwen3.5-0.8B on an H100 (16 + 10, data/bench/nvidia-h100-80gb-hbm3/hit-timeline.json),
-where the layer's keys and values are 8.5 MB (2.5 us at the GPU's bandwidth).
+kernel, 27 us a layer for Qwen3.5-0.8B on an H100, where the layer's keys and values are 8.5 MB
+(2.8 us at the GPU's copy bandwidth).
 
 Two kernels here too, shaped for this case. ``_split_kernel``: one program per (sequence, key
 head, block of BLOCK_M query rows, split of the keys). A key head's G query heads are its rows
 (row r is token r // G of query head h * G + r % G), so the keys and values a program loads serve
 all G heads, and q K^T is one ``tl.dot`` of BLOCK_M rows. Over its keys the program keeps the
 online softmax (m, l, acc) of its rows, masked where a key is past a query's position, and stores
-them in float32. ``_merge_kernel``: per (sequence, key head, block of rows, block of columns), the splits merged,
+them in float32. ``_merge_kernel``: per (sequence, key head, block of rows, block of columns), the
+splits merged,
 
     M = max_s m_s,   o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s,
 
 written in the query's dtype. Splits are sized so that the first kernel has about one program per
-SM, at most MAX_SPLITS of them (the merge reads every split's partials). A row that sees no key of a split (its keys all past the row's position) leaves m = -inf,
-l = 0 there, which the merge weighs by zero; every row sees key 0, so M is finite.
+SM, at most MAX_SPLITS of them (the merge reads every split's partials). A row that sees no key of
+a split (its keys all past the row's position) leaves m = -inf, l = 0 there, which the merge
+weighs by zero; every row sees key 0, so M is finite.
 Precision: products take the inputs' dtype (bf16 tensor-core dots on a GPU, float32 for float32
 inputs), the softmax and the accumulators float32.
+
+Measured, and so off in the fused prefill (``FAST_PATHS["tail_attention"]``): on an H100, 64 new
+tokens after 4,096, a chain over the attention layers (python -m labkit bench tail-ops,
+data/bench/nvidia-h100-80gb-hbm3/tail-ops.json), 31.95 us a layer against SDPA's 26.98 for
+Qwen3.5-0.8B (8 heads of 256 over 2 key heads), 19.19 against 19.07 for LFM2-350M (16 of 64 over
+8); at 16 new tokens 32.43 against 23.74 and 17.64 against 18.76. Both are far from the keys'
+2.8 us: the split kernel's loop of dependent products over a few key blocks is latency, as SDPA's is.
 """
 
 from __future__ import annotations
