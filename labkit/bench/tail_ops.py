@@ -4,6 +4,11 @@ attention after the cached prefix (SDPA's bottom-right causal form, against the 
 :mod:`labkit.ops.tail_attention`).
 
     python -m labkit bench tail-ops --models qwen3.5-0.8b lfm2-350m --rows 16 64 [--sweep] --name tail-ops
+    python -m labkit bench tail-ops --rows --prompt 4096 --name prompt-gate-up
+
+``--prompt TOKENS`` also times the gate|up of a whole prompt: cuBLAS then the SwiGLU kernel against
+the tiled Triton GEMM with SwiGLU in its epilogue (:mod:`labkit.ops.gemm_swiglu`), at each blocking
+of ``PROMPT_CONFIGS``.
 
 Each form runs as a chain over every layer's own weights (random, the preset's shapes: more bytes
 than L2 holds, as in a tail's replay, where each layer reads its weights once) or, for attention,
@@ -122,6 +127,52 @@ def bench_attention(model: str, rows: int, prefix: int, copy_bytes_per_s: float)
     return row
 
 
+# block m, n, k, warps, stages, group m
+PROMPT_CONFIGS = [(128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8), (128, 64, 64, 8, 3, 8), (128, 128, 32, 8, 4, 8),
+                  (128, 128, 32, 8, 5, 8), (128, 128, 32, 8, 6, 8), (128, 128, 32, 8, 4, 4), (128, 128, 32, 8, 4, 16),
+                  (128, 128, 16, 8, 8, 8)]
+
+
+def bench_prompt_gate_up(model: str, tokens: int, copy_bytes_per_s: float) -> TailOpRow:
+    """The gate|up of a ``tokens``-row prompt: cuBLAS then the SwiGLU kernel against
+    :func:`labkit.ops.gemm_swiglu.gemm_swiglu` at each of ``PROMPT_CONFIGS`` (``sweep``, fastest
+    first; ``fused_us`` the fastest)."""
+    from ..config import PRESETS
+    from ..ops.gemm_swiglu import GemmConfig, gemm_swiglu
+    from ..ops.mixers import swiglu_ref
+    from ..ops.prefill_fusions import swiglu_rows
+    from .decode import _error
+    from .ops import rel_err
+
+    cfg = PRESETS[model]
+    dt, dev = torch.bfloat16, torch.device("cuda")
+    K, W, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    gen = torch.Generator(device=dev).manual_seed(2)
+    weights = [(torch.randn(2 * W, K, device=dev, generator=gen) * K**-0.5).to(dt) for _ in range(L)]
+    x = torch.randn(tokens, K, device=dev, generator=gen).to(dt)
+    row = TailOpRow("prompt_gate_up", model, tokens, L, 2 * W * K * 2 / copy_bytes_per_s * 1e6,
+                    dict(hidden=K, width=W, flops_per_layer=2 * tokens * 2 * W * K))
+    try:
+        want = swiglu_ref(F.linear(x, weights[0]))
+        row.baseline_us = _chain_us([lambda w=w: swiglu_rows(F.linear(x, w)) for w in weights])
+        row.baseline_rel_err = rel_err(swiglu_rows(F.linear(x, weights[0])), want)
+        for bm, bn, bk, warps, stages, group in PROMPT_CONFIGS:
+            c = GemmConfig(bm, bn, bk, group, warps, stages)
+            try:
+                err = rel_err(gemm_swiglu(x, weights[0], c), want)
+                us = _chain_us([lambda w=w: gemm_swiglu(x, w, c) for w in weights])
+                row.sweep.append(dict(settings=dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
+                                                    num_stages=stages, group_m=group), us=us, rel_err=err))
+            except Exception as exc:  # a tile that does not fit (shared memory): recorded
+                row.sweep.append(dict(settings=dict(block_m=bm, block_n=bn, block_k=bk), error=_error(exc)))
+        row.sweep.sort(key=lambda r: r.get("us", float("inf")))
+        best = row.sweep[0]
+        row.fused_us, row.rel_err, row.settings = best.get("us"), best.get("rel_err"), best["settings"]
+    except Exception as exc:
+        row.error = _error(exc)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -133,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m labkit bench tail-ops", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["qwen3.5-0.8b", "lfm2-350m"], choices=list(PRESETS))
-    p.add_argument("--rows", nargs="+", type=positive_int, default=[16, 64], help="the tail's new tokens")
+    p.add_argument("--rows", nargs="*", type=positive_int, default=[16, 64], help="the tail's new tokens (none: no tail ops)")
     p.add_argument("--prefix", type=positive_int, default=4096, help="cached tokens before the tail (attention)")
     p.add_argument("--sweep", action="store_true", help="also time the skinny GEMM's blockings")
+    p.add_argument("--prompt", type=int, default=0, metavar="TOKENS",
+                   help="also the gate|up of a prompt of TOKENS rows: cuBLAS + SwiGLU against labkit.ops.gemm_swiglu")
     p.add_argument("--name", type=results_name, help="also write data/bench/<gpu>/<name>.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -155,6 +208,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r.op:>9} {model:>13} {m:>4} {r.floor_us:8.2f} {r.baseline_us:8.2f} {r.fused_us:7.2f} "
                       f"{best['us'] if best else float('nan'):13.2f}  {r.rel_err:.1e}"
                       + (f"  {best['settings']}" if best else ""))
+        if args.prompt:
+            r = bench_prompt_gate_up(model, args.prompt, facts.copy_bytes_per_s)
+            rows.append(r)
+            if r.error:
+                print(f"{r.op:>9} {model:>13} {args.prompt:>4} FAILED {r.error}")
+            else:
+                flops = r.shape["flops_per_layer"]
+                print(f"   prompt {model:>13} {args.prompt}: cuBLAS + SwiGLU {r.baseline_us:.1f} us "
+                      f"({flops / r.baseline_us / 1e6:.0f} TFLOP/s of the GEMM's), fused {r.fused_us:.1f} us "
+                      f"({flops / r.fused_us / 1e6:.0f}) {r.settings}; each: "
+                      + ", ".join(f"{tuple(c['settings'].values())} {c.get('us', float('nan')):.1f}" for c in r.sweep))
     if args.name:
         argv = sys.argv[1:] if argv is None else argv
         command = shlex.join(["python", "-m", "labkit", "bench", "tail-ops", *argv])
