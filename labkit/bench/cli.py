@@ -178,7 +178,7 @@ OWN_PARSERS = {
     "counters": ("labkit.bench.counters", ("counters",)),  # one decode step's kernels under Nsight Compute
     "bank-conflicts": ("labkit.bench.counters", ("bank-conflicts",)),  # shared-tile transposes: predicted, counted
     "prefill-profile": ("labkit.bench.prefill_profile", ()),  # a prefill's device time, kernel by kernel
-    "tail-ops": ("labkit.bench.tail_ops", ()),  # a hit tail's gate|up and attention against cuBLAS / SDPA
+    "tail-ops": ("labkit.bench.tail_ops", ()),  # the MLP gate|up (a hit's tail, a prompt), a tail's attention
 }
 
 

@@ -83,9 +83,9 @@ triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Ever
 takes its operands in the input dtype (bf16 tensor-core products on a GPU), so the state and the
 deltas are rounded to bf16 where they enter a product, never where they are kept; X, W, U0 and
 the chunk start states are stored in the input dtype (X, as fla stores its inverse, then scaled
-by the gates in float32 and rounded again where it enters the products). With bf16 inputs the error is then of the order
-of the output's own bf16 rounding (the tests bound it by 1e-2). Float32 inputs get float32
-products throughout.
+by the gates in float32 and rounded again where it enters the products). With bf16 inputs the
+error is then of the order of the output's own bf16 rounding (the tests bound it by 1e-2).
+Float32 inputs get float32 products throughout.
 
 Variable-length batches come packed along T with batch 1 and cumulative offsets ``cu_seqlens``
 (as in fla and FlashInfer). Programs find their sequence and chunk by a vector search over
