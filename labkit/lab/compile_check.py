@@ -15,7 +15,9 @@ executes. The CPU stands in for the target (:func:`labkit.ops.features.stand_in`
 depends on the GPU's features is what that GPU would run: for a target older than sm_90 the step
 is compiled without PDL and the persistent kernel without its bulk prefetch. It then reports, per
 kernel variant: registers, stack (spills), shared memory, and how many
-16-byte load instructions (ld.global.v4 or cp.async of 16 bytes) its PTX has.
+16-byte load instructions (ld.global.v4 or cp.async of 16 bytes) its PTX has. A variant that needs
+more shared memory than the target has fails here, as its load would on the GPU (a compile alone
+does not check it).
 
 It leans on Triton 3.6 internals (``triton.runtime.driver.set_active``, ``JITFunction.run``'s
 ``warmup``); on another version it may need adjusting. Results say nothing about speed. It
@@ -80,6 +82,11 @@ def _compile_only(original):
     def run(self, *args, grid, warmup, **kwargs):
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         COMPILED.setdefault(kernel.hash, (self.fn.__name__, kernel))
+        # what a GPU refuses when it loads the kernel (Triton's OutOfResources), which a compile
+        # alone never checks: a float32 variant of a bf16-sized pipeline fails only there
+        if kernel.metadata.shared > NOMINAL_TARGET["max_shared_mem"]:
+            raise RuntimeError(f"{self.fn.__name__} needs {kernel.metadata.shared} bytes of shared memory; "
+                               f"the target has {NOMINAL_TARGET['max_shared_mem']}")
         return kernel
 
     return run

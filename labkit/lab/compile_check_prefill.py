@@ -8,7 +8,10 @@ machine without one, and report registers, spills and shared memory per kernel v
 
 ``--fusions``: also the prefill's element-wise kernels (labkit.ops.prefill_fusions) at both real
 presets' shapes, gdn_inputs at every combination of the ``--gdn-*`` settings given (default: the
-launcher's); ``--no-chunk`` leaves the delta rule out.
+launcher's), a 64-token tail's gate|up (the skinny GEMM with SwiGLU) and attention
+(labkit.ops.tail_attention) in bf16 and float32, and a prompt's gate|up GEMM (labkit.ops.gemm_swiglu);
+``--no-chunk`` leaves the delta rule out. A variant that needs more shared memory than the target
+has fails (:mod:`labkit.lab.compile_check`), as its load would on the GPU.
 
 The stand-in driver of ``python -m labkit compile-check`` (:mod:`labkit.lab.compile_check`: nothing
 runs; Triton compiles each launch down to a cubin with its bundled ptxas), driven through the
@@ -90,9 +93,13 @@ def _compile_fusions(args: argparse.Namespace, t0: float) -> int:
     """Every kernel of labkit.ops.prefill_fusions at the shapes of a 4,096-token prefill of both presets."""
     from ..config import PRESETS
     from ..model import attention_dims, gdn_dims
+    from ..ops import gemm_swiglu as gs
+    from ..ops import linear
     from ..ops import prefill_fusions as pf
+    from ..ops import tail_attention as ta
 
-    pf.check_devices = lambda **tensors: torch.device("cpu")  # CPU tensors stand in; nothing runs
+    for mod in (pf, linear, ta, gs):  # CPU tensors stand in; nothing runs
+        mod.check_devices = lambda **tensors: torch.device("cpu")
     bf, T, failures = torch.bfloat16, 4096, 0
     for preset in ("qwen3.5-0.8b", "lfm2-350m"):
         cfg = PRESETS[preset]
@@ -115,6 +122,17 @@ def _compile_fusions(args: argparse.Namespace, t0: float) -> int:
                 torch.empty(1, T, dtype=torch.long), inv, 1e-6, False, *kv_cache,
                 key_positions=torch.empty(1, T, dtype=torch.long)),
         }
+        # a prefix-cache hit's tail of 64 tokens after 4,096 (the float32 models of the GPU suite too)
+        for dt in (bf, torch.float32):
+            name = str(dt).split(".")[-1]
+            calls[f"gate_up_swiglu 64 rows {name}"] = (
+                lambda dt=dt: pf.gate_up_swiglu(torch.empty(64, Hd, dtype=dt), torch.empty(2 * W, Hd, dtype=dt)))
+            calls[f"attend_tail 64 tokens {name}"] = lambda dt=dt: ta.attend_tail(
+                torch.empty(1, 64, attn.num_heads, attn.head_dim, dtype=dt).transpose(1, 2),
+                *(torch.empty(1, attn.num_kv_heads, T + 64, attn.head_dim, dtype=dt) for _ in range(2)),
+                torch.empty(1, 64, dtype=torch.long), torch.empty(1, T + 64, dtype=torch.long), start=T)
+        calls["gemm_swiglu"] = lambda: gs.gemm_swiglu(torch.empty(T, Hd, dtype=bf), torch.empty(2 * W, Hd, dtype=bf),
+                                                      gs.GemmConfig(128, 128, 32, 8, 8, 6))
         if attn.output_gate:
             o = torch.empty(1, attn.num_heads, T, attn.head_dim, dtype=bf).transpose(1, 2)
             calls["sigmoid_gate_rows"] = lambda: pf.sigmoid_gate_rows(o, q)
