@@ -37,18 +37,19 @@ SWEEP = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
 
 @dataclass
 class TailOpRow:
-    op: str  # "gate_up" or "attention"
+    op: str  # "gate_up", "attention" (a tail's) or "prompt_gate_up"
     model: str
-    rows: int  # new tokens (attention: per sequence, batch 1)
+    rows: int  # new tokens (attention: per sequence, batch 1); a prompt's tokens
     layers: int
     floor_us: float  # one layer's weights (attention: keys and values in use) at the measured copy bandwidth
     shape: dict = field(default_factory=dict)
     baseline_us: float | None = None  # cuBLAS then swiglu_rows; SDPA's attend_continuing
-    fused_us: float | None = None  # gate_up_swiglu (the GPU's tail_gate_up settings); attend_tail
+    # gate_up_swiglu (the GPU's tail_gate_up settings); attend_tail; gemm_swiglu's fastest blocking
+    fused_us: float | None = None
     settings: dict = field(default_factory=dict)
     rel_err: float | None = None  # the fused form against the reference, layer 0
     baseline_rel_err: float | None = None
-    sweep: list = field(default_factory=list)  # gate_up: {settings, us, rel_err} per blocking, fastest first
+    sweep: list = field(default_factory=list)  # {settings, us, rel_err} per blocking, fastest first
     error: str | None = None
 
 
