@@ -60,26 +60,32 @@ def _chain_us(calls) -> float:
     return measure(calls, repeats=15, warmup=2).ms * 1000
 
 
+def _gate_up_case(model: str, rows: int, seed: int, device: str = "cuda") -> tuple:
+    """(K, W, layers, every layer's random gate|up weight [2W, K], the input [rows, K]), bf16, at the
+    preset's shapes (weights scaled by 1/sqrt(K), as a trained model's projections keep activations)."""
+    from ..config import PRESETS
+
+    cfg = PRESETS[model]
+    K, W, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weights = [(torch.randn(2 * W, K, device=device, generator=gen) * K**-0.5).to(torch.bfloat16) for _ in range(L)]
+    return K, W, L, weights, torch.randn(rows, K, device=device, generator=gen).to(torch.bfloat16)
+
+
 def bench_gate_up(model: str, rows: int, copy_bytes_per_s: float, sweep: bool = False) -> TailOpRow:
     from .. import tuning
-    from ..config import PRESETS
     from ..ops.mixers import swiglu_ref
     from ..ops.prefill_fusions import gate_up_swiglu, swiglu_rows
     from .decode import _error
     from .ops import rel_err
 
-    cfg = PRESETS[model]
-    dt, dev = torch.bfloat16, torch.device("cuda")
-    K, W, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    gen = torch.Generator(device=dev).manual_seed(0)
-    weights = [(torch.randn(2 * W, K, device=dev, generator=gen) * K**-0.5).to(dt) for _ in range(L)]
-    x = torch.randn(rows, K, device=dev, generator=gen).to(dt)
+    K, W, L, weights, x = _gate_up_case(model, rows, seed=0)
     row = TailOpRow("gate_up", model, rows, L, 2 * W * K * 2 / copy_bytes_per_s * 1e6, dict(hidden=K, width=W))
     want = swiglu_ref(F.linear(x, weights[0]))
     try:
         row.baseline_us = _chain_us([lambda w=w: swiglu_rows(F.linear(x, w)) for w in weights])
         row.baseline_rel_err = rel_err(swiglu_rows(F.linear(x, weights[0])), want)
-        row.settings = dict(tuning.settings("tail_gate_up", dev))
+        row.settings = dict(tuning.settings("tail_gate_up", x.device))
         row.rel_err = rel_err(gate_up_swiglu(x, weights[0], **row.settings), want)
         row.fused_us = _chain_us([lambda w=w: gate_up_swiglu(x, w, **row.settings) for w in weights])
         for blocking in SWEEP if sweep else []:
@@ -138,19 +144,13 @@ def bench_prompt_gate_up(model: str, tokens: int, copy_bytes_per_s: float) -> Ta
     """The gate|up of a ``tokens``-row prompt: cuBLAS then the SwiGLU kernel against
     :func:`labkit.ops.gemm_swiglu.gemm_swiglu` at each of ``PROMPT_CONFIGS`` (``sweep``, fastest
     first; ``fused_us`` the fastest)."""
-    from ..config import PRESETS
     from ..ops.gemm_swiglu import GemmConfig, gemm_swiglu
     from ..ops.mixers import swiglu_ref
     from ..ops.prefill_fusions import swiglu_rows
     from .decode import _error
     from .ops import rel_err
 
-    cfg = PRESETS[model]
-    dt, dev = torch.bfloat16, torch.device("cuda")
-    K, W, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    gen = torch.Generator(device=dev).manual_seed(2)
-    weights = [(torch.randn(2 * W, K, device=dev, generator=gen) * K**-0.5).to(dt) for _ in range(L)]
-    x = torch.randn(tokens, K, device=dev, generator=gen).to(dt)
+    K, W, L, weights, x = _gate_up_case(model, tokens, seed=2)
     row = TailOpRow("prompt_gate_up", model, tokens, L, 2 * W * K * 2 / copy_bytes_per_s * 1e6,
                     dict(hidden=K, width=W, flops_per_layer=2 * tokens * 2 * W * K))
     try:
