@@ -66,7 +66,7 @@ class Replayed:
 def walk(monkeypatch):
     spy = WalkSpy(cdr._walk_kernel)
     monkeypatch.setattr(cdr, "_walk_kernel", spy)
-    monkeypatch.setattr(cdr, "_solve_kernel", Replayed(cdr._solve_kernel, (4, 5)))  # x, gcum
+    monkeypatch.setattr(cdr, "_solve_kernel", Replayed(cdr._solve_kernel, (4, 5, 6)))  # x (L), xo (X), gcum
     monkeypatch.setattr(cdr, "_products_kernel", Replayed(cdr._products_kernel, (6, 7)))  # w, u
     monkeypatch.setattr(cdr, "num_sms", lambda: 6)  # a small GPU, which 6 sequences overfill
     return spy
