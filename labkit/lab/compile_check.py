@@ -78,13 +78,13 @@ class _CompileOnlyDriver:
 COMPILED: dict[str, tuple[str, object]] = {}
 
 
-def _compile_only(original):
+def _compile_only(original, refuse_too_large: bool):
     def run(self, *args, grid, warmup, **kwargs):
         kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
         COMPILED.setdefault(kernel.hash, (self.fn.__name__, kernel))
         # what a GPU refuses when it loads the kernel (Triton's OutOfResources), which a compile
         # alone never checks: a float32 variant of a bf16-sized pipeline fails only there
-        if kernel.metadata.shared > NOMINAL_TARGET["max_shared_mem"]:
+        if refuse_too_large and kernel.metadata.shared > NOMINAL_TARGET["max_shared_mem"]:
             raise RuntimeError(f"{self.fn.__name__} needs {kernel.metadata.shared} bytes of shared memory; "
                                f"the target has {NOMINAL_TARGET['max_shared_mem']}")
         return kernel
@@ -110,8 +110,10 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return usage
 
 
-def compile_only(arch: int) -> bool:
-    """Make every Triton launch in this process compile for ``arch`` and stop there (nothing runs).
+def compile_only(arch: int, refuse_too_large: bool = True) -> bool:
+    """Make every Triton launch in this process compile for ``arch`` and stop there (nothing runs);
+    with ``refuse_too_large``, a launch whose kernel needs more shared memory than the target has
+    raises, as loading it on the GPU would (the pitfalls lab compiles such a kernel on purpose).
 
     False, with the reason printed, when this process already runs Triton's interpreter.
     """
@@ -128,7 +130,7 @@ def compile_only(arch: int) -> bool:
     from labkit.ops.launch import NOMINAL_SMS
 
     driver.set_active(_CompileOnlyDriver(arch, NOMINAL_SMS))
-    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run)
+    triton_jit.JITFunction.run = _compile_only(triton_jit.JITFunction.run, refuse_too_large)
     return True
 
 
