@@ -355,6 +355,8 @@ UNTUNED = {
     "fused_prefill": "when to capture a prefill graph (a policy over prompt lengths, not a kernel's speed)",
     "gdn_inputs": "swept by python -m labkit bench prefill-profile --sweep-gdn-inputs (each setting timed alone at a "
                   "4,096-token prefill, checked for the same bits); write its winner into the GPU's file by hand",
+    "tail_gate_up": "swept by python -m labkit bench tail-ops --sweep (a hit tail's gate|up at 16 and 64 rows, each "
+                    "blocking checked against the reference); write its winner into the GPU's file by hand",
 }
 
 
