@@ -45,6 +45,7 @@ import triton.language as tl
 
 from .launch import (FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_no_overlap, check_tensor,
                      device_function, interpreter_flags, interpreting, next_pow2, num_sms)
+from .linear import LinearConfig, linear, linear_config, m_bucket
 from .mixers import GdnDims
 
 
@@ -154,8 +155,6 @@ def gate_up_swiglu(x: torch.Tensor, weight: torch.Tensor, *, max_rows: int = 64,
     rows: cuBLAS's GEMM, then :func:`swiglu_rows` (at prompt sizes cuBLAS's tiles are far faster
     than the skinny kernel's). The epilogue rounds gate and up to the dtype before silu, as the
     two-step reference does; only the sums' order differs."""
-    from .linear import LinearConfig, linear, linear_config, m_bucket
-
     check_tensor("x", x, dtype=FLOAT_DTYPES)
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
