@@ -1,6 +1,8 @@
 """The MLP's gate|up GEMM with SwiGLU in its epilogue (labkit.ops.gemm_swiglu) against the reference
 swiglu_ref(F.linear(x, w)): rows, widths and K that the tiles do not divide, a batch dimension,
-small tiles so that the K loop and the grouped tile order run several times; the output poisoned."""
+small tiles so that the K loop and the grouped tile order run several times; the output poisoned.
+The persistent TMA form with few programs, so that each takes several tiles (and its last partial
+ones), its store whole and in halves."""
 
 import pytest
 import torch
@@ -24,6 +26,32 @@ def test_matches_the_reference(dtype, config, device, monkeypatch):
     assert got.shape == (3, 29, 37) and got.dtype == dtype
     # gate and up rounded to the dtype before silu, as the reference; only the sums' order differs
     assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+PERSISTENT = [gs.GemmConfig(16, 16, 16, 2, 4, 2, persistent=True, programs=5),
+              gs.GemmConfig(32, 32, 16, 1, 4, 2, persistent=True, flatten=False, split_store=True, programs=3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("config", PERSISTENT, ids=["five-programs", "split-store-not-flat"])
+def test_persistent_form_matches_the_reference(dtype, config, device, monkeypatch):
+    poison_empty(monkeypatch, gs)
+    gen = torch.Generator().manual_seed(4)
+    # 87 rows, W = 56 and K = 40: no tile divides them (TMA rows stay multiples of 16 bytes)
+    x = torch.randn(3, 29, 40, generator=gen).to(dtype=dtype, device=device)
+    w = (0.3 * torch.randn(2 * 56, 40, generator=gen)).to(dtype=dtype, device=device)
+    want = swiglu_ref(F.linear(x, w))
+    got = gs.gemm_swiglu(x, w, config)
+    assert got.shape == (3, 29, 56) and got.dtype == dtype
+    assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_persistent_form_refuses_rows_tma_cannot_map(device):
+    x = torch.randn(5, 40, device=device).bfloat16()
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        gs.gemm_swiglu(x, torch.randn(2 * 37, 40, device=device).bfloat16(), gs.GemmConfig(persistent=True))
+    with pytest.raises(ValueError, match="at most 256"):
+        gs.GemmConfig(block_n=512, persistent=True)
 
 
 def test_bad_input_is_refused(device):

@@ -286,3 +286,26 @@ def test_gate_up_swiglu(dtype, shape, device, monkeypatch):
     # gate and up rounded to the dtype before silu as the reference; only the sums' order differs
     assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
     assert torch.equal(pf.gate_up_swiglu(x, w, max_rows=0), pf.swiglu_rows(torch.nn.functional.linear(x, w)))
+
+
+@DTYPES
+def test_gate_up_swiglu_of_a_prompt_takes_the_tiled_gemm_from_min_rows(dtype, device, monkeypatch):
+    """With the prompt_gate_up settings on, a 16-bit prompt of min_rows rows or more runs
+    gemm_swiglu at their blocking (its output poisoned); fewer rows, or a float32 model, do not."""
+    from labkit import tuning
+    from labkit.ops import gemm_swiglu as gs
+
+    poison_empty(monkeypatch, gs)
+    calls = []
+    real = gs.gemm_swiglu
+    monkeypatch.setattr(pf, "gemm_swiglu", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    prompt = {**tuning.HEURISTICS["prompt_gate_up"], "min_rows": 70, "block_m": 32, "block_n": 16, "block_k": 16,
+              "num_warps": 4, "num_stages": 2, "persistent": True}
+    w = _randn(2 * 24, 40, seed=73, dtype=dtype, device=device, scale=0.3)
+    for rows, fused in ((69, False), (75, dtype != torch.float32)):
+        x = _randn(rows, 40, seed=74, dtype=dtype, device=device)
+        got = pf.gate_up_swiglu(x, w, max_rows=8, prompt=prompt)
+        assert rel_err(got, swiglu_ref(torch.nn.functional.linear(x, w))) < (1e-5 if dtype == torch.float32 else 1e-2)
+        assert len(calls) == int(fused)
+    if calls:
+        assert calls[0] == gs.GemmConfig(32, 16, 16, 8, 4, 2, persistent=True)

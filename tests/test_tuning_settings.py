@@ -73,7 +73,7 @@ def test_the_heuristics_are_the_ops_defaults():
     defaults of the parameters that take the settings are one set of values."""
     # the kernels the code held constants for, and the first guesses of the persistent step and of
     # gdn_inputs (its block_t and num_warps as the code held them, its grid order new)
-    new = ("persistent_decode", "gdn_inputs", "tail_gate_up")
+    new = ("persistent_decode", "gdn_inputs", "tail_gate_up", "prompt_gate_up")
     held = {k: {**v, **CHANGED_SINCE.get(k, {})} for k, v in BEFORE.items()}
     assert {k: dict(v) for k, v in tuning.HEURISTICS.items() if k not in new} == held
     assert set(tuning.HEURISTICS) == {*BEFORE, *new}
@@ -98,6 +98,12 @@ def test_the_heuristics_are_the_ops_defaults():
     assert chunk == {k: h["chunk_delta_rule"][k] for k in chunk} and len(chunk) == len(h["chunk_delta_rule"]) - 3
     assert defaults(prefill_fusions.gdn_inputs, *h["gdn_inputs"]) == dict(h["gdn_inputs"])
     assert defaults(prefill_fusions.gate_up_swiglu, *h["tail_gate_up"]) == dict(h["tail_gate_up"])
+    # a prompt's GEMM: off (min_rows 0), its blocking GemmConfig's defaults
+    from dataclasses import asdict
+
+    from labkit.ops.gemm_swiglu import GemmConfig
+
+    assert dict(h["prompt_gate_up"]) == {"min_rows": 0, **{k: v for k, v in asdict(GemmConfig()).items() if k != "programs"}}
 
 
 def test_the_gpu_rule_of_gdn_block_v_and_attention_chunk_take_the_settings(monkeypatch):
@@ -255,7 +261,8 @@ def test_the_fused_decoder_passes_the_tuned_settings(monkeypatch):
              "norm_rope": {"rotated_only": False, "num_warps": 8},
              "fused_prefill": {"capture_at": 3, "graphs": 1},
              "gdn_inputs": {"block_t": 8, "num_warps": 2, "heads_first": False},
-             "tail_gate_up": {"max_rows": 16, "block_n": 32, "block_k": 64, "num_warps": 8, "num_stages": 3}}
+             "tail_gate_up": {"max_rows": 16, "block_n": 32, "block_k": 64, "num_warps": 8, "num_stages": 3},
+             "prompt_gate_up": {**tuning.HEURISTICS["prompt_gate_up"], "min_rows": 17, "block_m": 64}}
     asked = []
 
     def settings(kernel, device=None, directory=None):
@@ -274,7 +281,7 @@ def test_the_fused_decoder_passes_the_tuned_settings(monkeypatch):
     assert plan.attn_args["chunk"] == attn_mod.attention_chunk(8, model.cfg.head_dim)[0]
     assert decoder.prefill_policy == tuned["fused_prefill"]
     assert decoder.prefill_cores().norm_rope.keywords == tuned["norm_rope"]
-    assert decoder.prefill_cores().gate_up.keywords == tuned["tail_gate_up"]
+    assert decoder.prefill_cores().gate_up.keywords == {**tuned["tail_gate_up"], "prompt": tuned["prompt_gate_up"]}
     assert decoder.prefill_cores().gdn_inputs.keywords == {"update_state": True, **tuned["gdn_inputs"]}
     assert {d for _, d in asked} == {model.device}
     tokens = decoder.prefill(torch.randint(0, model.cfg.vocab_size, (2, 3))).argmax(-1)

@@ -7,8 +7,8 @@ attention after the cached prefix (SDPA's bottom-right causal form, against the 
     python -m labkit bench tail-ops --rows --prompt 4096 --name prompt-gate-up
 
 ``--prompt TOKENS`` also times the gate|up of a whole prompt: cuBLAS then the SwiGLU kernel against
-the tiled Triton GEMM with SwiGLU in its epilogue (:mod:`labkit.ops.gemm_swiglu`), at each blocking
-of ``PROMPT_CONFIGS``.
+the tiled Triton GEMM with SwiGLU in its epilogue (:mod:`labkit.ops.gemm_swiglu`, pointer and
+persistent TMA forms), at each blocking of :func:`_prompt_configs`, and cuBLAS's GEMM alone.
 
 Each form runs as a chain over every layer's own weights (random, the preset's shapes: more bytes
 than L2 holds, as in a tail's replay, where each layer reads its weights once) or, for attention,
@@ -134,17 +134,27 @@ def bench_attention(model: str, rows: int, prefix: int, copy_bytes_per_s: float)
     return row
 
 
-# block m, n, k, warps, stages, group m
-PROMPT_CONFIGS = [(128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8), (128, 64, 64, 8, 3, 8), (128, 128, 32, 8, 4, 8),
-                  (128, 128, 32, 8, 5, 8), (128, 128, 32, 8, 6, 8), (128, 128, 32, 8, 4, 4), (128, 128, 32, 8, 4, 16),
-                  (128, 128, 16, 8, 8, 8)]
+def _prompt_configs() -> list:
+    """The prompt GEMM's blockings: the pointer form's fastest of its earlier sweep (prompt-gate-up.json,
+    2026-12-06), then the persistent TMA form's (shared memory per stage: x, gate and up tiles)."""
+    from ..ops.gemm_swiglu import GemmConfig
+
+    pointer = [GemmConfig(128, 128, 32, 8, 8, stages) for stages in (4, 5, 6)]
+    persistent = [GemmConfig(bm, bn, bk, group, warps, stages, persistent=True, flatten=flat, split_store=split)
+                  for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 6),
+                                                    (128, 64, 64, 4, 4), (128, 64, 64, 8, 5), (64, 128, 64, 4, 4),
+                                                    (256, 64, 64, 8, 3))
+                  for group in (8,) for flat in (True, False) for split in (False, True)]
+    return pointer + persistent
 
 
 def bench_prompt_gate_up(model: str, tokens: int, copy_bytes_per_s: float) -> TailOpRow:
     """The gate|up of a ``tokens``-row prompt: cuBLAS then the SwiGLU kernel against
-    :func:`labkit.ops.gemm_swiglu.gemm_swiglu` at each of ``PROMPT_CONFIGS`` (``sweep``, fastest
-    first; ``fused_us`` the fastest)."""
-    from ..ops.gemm_swiglu import GemmConfig, gemm_swiglu
+    :func:`labkit.ops.gemm_swiglu.gemm_swiglu` at each blocking of :func:`_prompt_configs` (``sweep``,
+    fastest first; ``fused_us`` the fastest); cuBLAS's GEMM alone beside them (``shape["gemm_us"]``)."""
+    from dataclasses import asdict
+
+    from ..ops.gemm_swiglu import gemm_swiglu
     from ..ops.mixers import swiglu_ref
     from ..ops.prefill_fusions import swiglu_rows
     from .decode import _error
@@ -156,16 +166,15 @@ def bench_prompt_gate_up(model: str, tokens: int, copy_bytes_per_s: float) -> Ta
     try:
         want = swiglu_ref(F.linear(x, weights[0]))
         row.baseline_us = _chain_us([lambda w=w: swiglu_rows(F.linear(x, w)) for w in weights])
+        row.shape["gemm_us"] = _chain_us([lambda w=w: F.linear(x, w) for w in weights])
         row.baseline_rel_err = rel_err(swiglu_rows(F.linear(x, weights[0])), want)
-        for bm, bn, bk, warps, stages, group in PROMPT_CONFIGS:
-            c = GemmConfig(bm, bn, bk, group, warps, stages)
+        for c in _prompt_configs():
             try:
                 err = rel_err(gemm_swiglu(x, weights[0], c), want)
                 us = _chain_us([lambda w=w: gemm_swiglu(x, w, c) for w in weights])
-                row.sweep.append(dict(settings=dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
-                                                    num_stages=stages, group_m=group), us=us, rel_err=err))
+                row.sweep.append(dict(settings=asdict(c), us=us, rel_err=err))
             except Exception as exc:  # a tile that does not fit (shared memory): recorded
-                row.sweep.append(dict(settings=dict(block_m=bm, block_n=bn, block_k=bk), error=_error(exc)))
+                row.sweep.append(dict(settings=asdict(c), error=_error(exc)))
         row.sweep.sort(key=lambda r: r.get("us", float("inf")))
         best = row.sweep[0]
         row.fused_us, row.rel_err, row.settings = best.get("us"), best.get("rel_err"), best["settings"]
@@ -188,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", nargs="*", type=positive_int, default=[16, 64], help="the tail's new tokens (none: no tail ops)")
     p.add_argument("--prefix", type=positive_int, default=4096, help="cached tokens before the tail (attention)")
     p.add_argument("--sweep", action="store_true", help="also time the skinny GEMM's blockings")
-    p.add_argument("--prompt", type=int, default=0, metavar="TOKENS",
-                   help="also the gate|up of a prompt of TOKENS rows: cuBLAS + SwiGLU against labkit.ops.gemm_swiglu")
+    p.add_argument("--prompt", nargs="*", type=positive_int, default=[], metavar="TOKENS",
+                   help="also the gate|up of a prompt of each TOKENS rows: cuBLAS + SwiGLU against labkit.ops.gemm_swiglu")
     p.add_argument("--name", type=results_name, help="also write data/bench/<gpu>/<name>.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -209,17 +218,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r.op:>9} {model:>13} {m:>4} {r.floor_us:8.2f} {r.baseline_us:8.2f} {r.fused_us:7.2f} "
                       f"{best['us'] if best else float('nan'):13.2f}  {r.rel_err:.1e}"
                       + (f"  {best['settings']}" if best else ""))
-        if args.prompt:
-            r = bench_prompt_gate_up(model, args.prompt, facts.copy_bytes_per_s)
+        for tokens in args.prompt:
+            r = bench_prompt_gate_up(model, tokens, facts.copy_bytes_per_s)
             rows.append(r)
             if r.error:
-                print(f"{r.op:>9} {model:>13} {args.prompt:>4} FAILED {r.error}")
+                print(f"{r.op:>9} {model:>13} {tokens:>4} FAILED {r.error}")
             else:
                 flops = r.shape["flops_per_layer"]
-                print(f"   prompt {model:>13} {args.prompt}: cuBLAS + SwiGLU {r.baseline_us:.1f} us "
-                      f"({flops / r.baseline_us / 1e6:.0f} TFLOP/s of the GEMM's), fused {r.fused_us:.1f} us "
-                      f"({flops / r.fused_us / 1e6:.0f}) {r.settings}; each: "
-                      + ", ".join(f"{tuple(c['settings'].values())} {c.get('us', float('nan')):.1f}" for c in r.sweep))
+                print(f"   prompt {model:>13} {tokens}: cuBLAS + SwiGLU {r.baseline_us:.1f} us "
+                      f"({flops / r.baseline_us / 1e6:.0f} TFLOP/s of the GEMM's; the GEMM alone "
+                      f"{r.shape['gemm_us']:.1f}), fused {r.fused_us:.1f} us ({flops / r.fused_us / 1e6:.0f}) {r.settings}")
+                for c in r.sweep:
+                    print(f"      {c.get('us', float('nan')):7.1f} us  {c['settings']}  {c.get('error', '')}")
     if args.name:
         argv = sys.argv[1:] if argv is None else argv
         command = shlex.join(["python", "-m", "labkit", "bench", "tail-ops", *argv])

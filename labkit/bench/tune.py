@@ -357,6 +357,9 @@ UNTUNED = {
                   "4,096-token prefill, checked for the same bits); write its winner into the GPU's file by hand",
     "tail_gate_up": "swept by python -m labkit bench tail-ops --sweep (a hit tail's gate|up at 16 and 64 rows, each "
                     "blocking checked against the reference); write its winner into the GPU's file by hand",
+    "prompt_gate_up": "swept by python -m labkit bench tail-ops --rows --prompt 4096 (a prompt's gate|up, each blocking "
+                      "checked against the reference, cuBLAS + SwiGLU beside it); write its winner, and min_rows, into "
+                      "the GPU's file by hand once the whole prefill measures faster with it",
 }
 
 

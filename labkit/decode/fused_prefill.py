@@ -45,8 +45,9 @@ from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing
 # - "conv_window_in_place": the conv kernels write the cache's new conv windows themselves;
 # - "attention_inputs": attention's q/k norm + RoPE and the KV cache write in one kernel (else two
 #   norm + RoPE kernels and the cache write by "store_kv_slice" or the indexed reference);
-# - "gate_up_swiglu": the MLP's gate|up projection of a few rows (a prefix-cache hit's tail) with
-#   SwiGLU in its epilogue, one skinny GEMM (else cuBLAS, then the SwiGLU kernel);
+# - "gate_up_swiglu": the MLP's gate|up projection with SwiGLU in its epilogue: a few rows (a
+#   prefix-cache hit's tail) by one skinny GEMM, a prompt by a tiled GEMM where the GPU's
+#   prompt_gate_up settings turn it on (else cuBLAS, then the SwiGLU kernel);
 # - "tail_attention": attention of up to 64 new tokens after a cache's prefix (a hit's tail) by the
 #   key-split Triton kernels of labkit.ops.tail_attention (else SDPA's bottom-right causal form). Off:
 #   slower than SDPA's flash kernels for Qwen3.5-0.8B (31.95 against 26.98 us a layer at 64 tokens
@@ -131,7 +132,8 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
     if FAST_PATHS["output_gate"]:
         fast["output_gate"] = fusions.sigmoid_gate_rows
     if FAST_PATHS["gate_up_swiglu"]:
-        fast["gate_up"] = partial(fusions.gate_up_swiglu, **tuning.settings("tail_gate_up", cache.device))
+        fast["gate_up"] = partial(fusions.gate_up_swiglu, **tuning.settings("tail_gate_up", cache.device),
+                                  prompt=tuning.settings("prompt_gate_up", cache.device))
     in_place = FAST_PATHS["conv_window_in_place"]
     return MixerCores(delta_rule=delta_rule, attend=attend, store_kv=store_kv,
                       gdn_inputs=partial(fusions.gdn_inputs, update_state=in_place,

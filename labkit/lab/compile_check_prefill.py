@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if not cc.compile_only(args.arch):
         return 2
+    from ..ops.features import stand_in
+
     t0 = time.time()
-    failures = _compile_fusions(args, t0) if args.fusions else 0
-    if not args.no_chunk:
-        failures += _compile_chunk(args, t0)
+    with stand_in(f"compile-only sm_{args.arch}", divmod(args.arch, 10)):  # what that GPU would take (TMA)
+        failures = _compile_fusions(args, t0) if args.fusions else 0
+        if not args.no_chunk:
+            failures += _compile_chunk(args, t0)
     report(cc.COMPILED, SHOWN + ("BLOCK_T", "HEADS_FIRST", "KW", "ROTATED_ONLY", "D"))
     print(f"\n{len(cc.COMPILED)} variants for sm_{args.arch} in {time.time() - t0:.0f} s; {failures} failures")
     return 1 if failures else 0
@@ -131,8 +134,12 @@ def _compile_fusions(args: argparse.Namespace, t0: float) -> int:
                 torch.empty(1, 64, attn.num_heads, attn.head_dim, dtype=dt).transpose(1, 2),
                 *(torch.empty(1, attn.num_kv_heads, T + 64, attn.head_dim, dtype=dt) for _ in range(2)),
                 torch.empty(1, 64, dtype=torch.long), torch.empty(1, T + 64, dtype=torch.long), start=T)
-        calls["gemm_swiglu"] = lambda: gs.gemm_swiglu(torch.empty(T, Hd, dtype=bf), torch.empty(2 * W, Hd, dtype=bf),
-                                                      gs.GemmConfig(128, 128, 32, 8, 8, 6))
+        for name, config in (("gemm_swiglu", gs.GemmConfig(128, 128, 32, 8, 8, 6)),
+                             ("gemm_swiglu persistent", gs.GemmConfig(128, 128, 64, 8, 8, 3, persistent=True)),
+                             ("gemm_swiglu persistent split store",
+                              gs.GemmConfig(128, 128, 64, 8, 8, 4, persistent=True, split_store=True))):
+            calls[name] = lambda config=config: gs.gemm_swiglu(torch.empty(T, Hd, dtype=bf),
+                                                               torch.empty(2 * W, Hd, dtype=bf), config)
         if attn.output_gate:
             o = torch.empty(1, attn.num_heads, T, attn.head_dim, dtype=bf).transpose(1, 2)
             calls["sigmoid_gate_rows"] = lambda: pf.sigmoid_gate_rows(o, q)

@@ -38,11 +38,14 @@ own (``update_state``), which spares the prefill a ``torch.cat`` and a copy per 
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .gemm_swiglu import GemmConfig, gemm_swiglu
 from .launch import (FLOAT_DTYPES, TORCH_TO_TL, cast, cdiv, check_devices, check_eps, check_no_overlap, check_tensor,
                      device_function, interpreter_flags, interpreting, next_pow2, num_sms)
 from .linear import LinearConfig, linear, linear_config, m_bucket
@@ -142,7 +145,8 @@ def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def gate_up_swiglu(x: torch.Tensor, weight: torch.Tensor, *, max_rows: int = 64, block_n: int = 64,
-                   block_k: int = 128, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+                   block_k: int = 128, num_warps: int = 4, num_stages: int = 4,
+                   prompt: Mapping[str, Any] | None = None) -> torch.Tensor:
     """The MLP's input, ``swiglu_ref(F.linear(x, weight))`` for x [..., K] and ``weight`` [2W, K]
     (W_gate over W_up) -> [..., W].
 
@@ -151,13 +155,19 @@ def gate_up_swiglu(x: torch.Tensor, weight: torch.Tensor, *, max_rows: int = 64,
     that neither the [rows, 2W] projection nor a second kernel exists; its blocking is
     ``block_n``, ``block_k``, ``num_warps``, ``num_stages`` (one K split: split-K's partial sums
     measured slower at 64 rows; ``block_k`` counts elements of a 16-bit model: a float32 model's
-    K tiles hold as many bytes, half the elements, so that its pipeline fits shared memory). More
-    rows: cuBLAS's GEMM, then :func:`swiglu_rows` (at prompt sizes cuBLAS's tiles are far faster
-    than the skinny kernel's). The epilogue rounds gate and up to the dtype before silu, as the
-    two-step reference does; only the sums' order differs."""
+    K tiles hold as many bytes, half the elements, so that its pipeline fits shared memory).
+    More rows of a 16-bit model, from ``prompt["min_rows"]`` on (the tuning section
+    ``prompt_gate_up``; None or 0: never): :func:`labkit.ops.gemm_swiglu.gemm_swiglu`, a tiled GEMM
+    with the same epilogue, at the blocking the rest of ``prompt`` gives (its tiles are sized for
+    16-bit elements; a float32 model's prompt stays on cuBLAS). Otherwise cuBLAS's GEMM, then
+    :func:`swiglu_rows`.
+    The epilogues round gate and up to the dtype before silu, as the two-step reference does; only
+    the sums' order differs."""
     check_tensor("x", x, dtype=FLOAT_DTYPES)
     K = x.shape[-1]
     rows = x.numel() // K if K else 0
+    if rows > max_rows and prompt and 0 < prompt["min_rows"] <= rows and x.element_size() == 2:
+        return gemm_swiglu(x, weight, GemmConfig(**{k: v for k, v in prompt.items() if k != "min_rows"}))
     if rows == 0 or rows > max_rows:
         return swiglu_rows(F.linear(x, weight))
     if interpreting():  # the interpreter pays per program: its own few large tiles

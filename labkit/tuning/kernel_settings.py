@@ -28,6 +28,9 @@ Kernels and settings (names are the parameters of the function that takes them):
 - ``tail_gate_up``: ``max_rows`` (the most rows, a prefix-cache hit's tail, whose MLP gate|up runs
   as one skinny GEMM with SwiGLU in its epilogue; 0: never), ``block_n``, ``block_k``,
   ``num_warps``, ``num_stages`` (its blocking) (:func:`labkit.ops.prefill_fusions.gate_up_swiglu`);
+- ``prompt_gate_up``: ``min_rows`` (from how many rows a prompt's MLP gate|up runs as one GEMM with
+  SwiGLU in its epilogue; 0: never) and that GEMM's :class:`labkit.ops.gemm_swiglu.GemmConfig`
+  (every other setting: its field of that name) (:func:`labkit.ops.prefill_fusions.gate_up_swiglu`);
 - ``chunk_delta_rule``: the launch settings of :func:`labkit.ops.chunk_delta_rule.chunk_delta_rule`
   (``block_v``, ``num_warps``, ``num_stages`` of the walk; ``prepare_warps``; ``output_block_v``,
   ``output_warps`` of the deferred outputs; ``single_block_v``, ``single_warps`` of the
@@ -93,6 +96,13 @@ SPECS: dict[str, dict[str, tuple[Any, Callable[[Any], str | None]]]] = {
     # fastest for LFM2 (10.03); split K was slower at every width (an exploratory sweep, 1 to 16 splits)
     "tail_gate_up": {"max_rows": (64, _non_negative), "block_n": (64, _pow2), "block_k": (128, _pow2),
                      "num_warps": (4, _pow2), "num_stages": (4, _positive)},
+    # a prompt's gate|up (more rows than tail_gate_up's max_rows) as labkit.ops.gemm_swiglu's GEMM
+    # with SwiGLU in its epilogue, from min_rows rows on (0: never; cuBLAS, then the SwiGLU kernel).
+    # Off until measured on the GPU at hand: python -m labkit bench tail-ops --rows --prompt 4096
+    "prompt_gate_up": {"min_rows": (0, _non_negative), "block_m": (128, _pow2), "block_n": (128, _pow2),
+                       "block_k": (64, _pow2), "group_m": (8, _pow2), "num_warps": (8, _pow2),
+                       "num_stages": (3, _positive), "persistent": (False, _boolean), "flatten": (True, _boolean),
+                       "split_store": (False, _boolean)},
     "chunk_delta_rule": {"block_v": (16, _pow2), "num_warps": (4, _pow2), "num_stages": (2, _positive),
                          "prepare_warps": (4, _pow2), "output_block_v": (64, _pow2), "output_warps": (4, _pow2),
                          "single_block_v": (32, _pow2), "single_warps": (4, _pow2),
