@@ -195,29 +195,6 @@ def test_x_stored_in_the_input_dtype(dtype, device, monkeypatch):
         assert torch.equal(o, o32) and torch.equal(s, s32)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_split_solve(dtype, device, monkeypatch):
-    """The solve as two kernels (split_solve: L by one, X from the parked L by the other at 1 warp):
-    packed odd lengths, grouped heads, every buffer the op allocates poisoned; the same sums in the
-    same order as the one-kernel solve, so the results are its bits, and both kernels launched."""
-    lengths = [70, 1, 0, 33, 129]
-    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=49, dtype=dtype, device=device)
-    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(50)).to(device)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
-    poison_empty(monkeypatch, cdr)
-    spies = {name: ProductsSpy(getattr(cdr, name)) for name in ("_form_l_kernel", "_invert_kernel", "_solve_kernel")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(cdr, name, spy)
-    o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, split_solve=True, invert_warps=1)
-    slots = cdiv(sum(lengths), CHUNK) + len(lengths) - 1
-    assert [len(spy.grids) for spy in spies.values()] == [1, 1, 0] and spies["_invert_kernel"].grids == [(slots, 3)]
-    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
-    assert rel_err(o, o_ref) < BOUND[dtype] and rel_err(s, s_ref) < BOUND[dtype]
-    o1, s1 = _run(q, k, v, g, beta, state, cu_seqlens=cu, split_solve=False)
-    assert len(spies["_solve_kernel"].grids) == 1
-    assert torch.equal(o, o1) and torch.equal(s, s1)
-
-
 def test_bad_settings_are_refused(device):
     q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
     a = (q, k, v, g, beta, state)
@@ -228,9 +205,7 @@ def test_bad_settings_are_refused(device):
                                ("num_warps", None, "num_warps must be a power of two >= 1, got None"),
                                ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0"),
                                ("products_together", 1, "products_together must be True or False, got 1"),
-                               ("x_in_input_dtype", "yes", "x_in_input_dtype must be True or False, got 'yes'"),
-                               ("split_solve", 0, "split_solve must be True or False, got 0"),
-                               ("invert_warps", 3, "invert_warps must be a power of two >= 1, got 3")]:
+                               ("x_in_input_dtype", "yes", "x_in_input_dtype must be True or False, got 'yes'")]:
         with pytest.raises(ValueError, match=match):
             chunk_delta_rule(*a, **{name: value})
     with pytest.raises(TypeError, match="prepare"):  # the forms that measured slower are gone

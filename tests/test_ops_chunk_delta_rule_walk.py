@@ -165,10 +165,7 @@ def test_the_benchmark_variants_name_real_settings():
     from labkit.bench.gdn_prefill import VARIANTS
 
     known = set(inspect.signature(chunk_delta_rule).parameters)
-    # None: the GPU's tuning file ("file"); ("file", changes): the file's settings with those changed
-    named = [kw[1] if isinstance(kw, tuple) else kw for kw in VARIANTS.values() if kw is not None]
+    named = [kw for kw in VARIANTS.values() if kw is not None]  # None: the GPU's tuning file ("file")
     assert [name for name, kw in VARIANTS.items() if kw is None] == ["file"]
-    assert all(kw[0] == "file" and name.startswith("file+") for name, kw in VARIANTS.items() if isinstance(kw, tuple))
     assert all(set(kw) <= known for kw in named)
-    assert {"walk_programs_per_sm", "walk_blocks_first", "x_in_input_dtype", "split_solve"} <= {
-        name for kw in named for name in kw}
+    assert {"walk_programs_per_sm", "walk_blocks_first", "x_in_input_dtype"} <= {name for kw in named for name in kw}

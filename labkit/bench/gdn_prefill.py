@@ -104,12 +104,6 @@ VARIANTS = {
     # the outputs at 8 warps (fla's chunk_fwd_o has 128 x 128 tiles at 8 warps among its autotuned
     # configurations): 126 registers, 2 programs of 8 warps per SM instead of 3 of 4
     "tuned+output-w8": dict(num_stages=3, output_block_v=128, output_warps=8),
-    # the solve as two kernels (labkit.ops.chunk_delta_rule.SPLIT_SOLVE): L by one (96 registers for
-    # sm_90), X from the parked L by another at 2 or 4 warps (255 and 215 registers: the inverse's own
-    # pressure, not the key tile's; at 1 warp it spills 840 bytes), on the GPU's file settings
-    "file+split-solve-w2": ("file", dict(split_solve=True, invert_warps=2)),
-    "file+split-solve-w4": ("file", dict(split_solve=True, invert_warps=4)),
-    "file+split-solve-w2+prepare-w2": ("file", dict(split_solve=True, invert_warps=2, prepare_warps=2, products_warps=4)),
     "tuned+candidates": dict(num_stages=3, output_block_v=128, products_together=True, prepare_warps=2,
                              products_warps=4, output_warps=8),
 }
@@ -117,7 +111,7 @@ VARIANTS = {
 # counterparts (its cumsum of the log-decays is part of labkit's solve); memsets and copies apart
 # (fla zero-fills its inverse and the final states).
 STAGES = (
-    ("solve", re.compile(r"solve|kkt|cumsum|form_l|invert", re.I)),
+    ("solve", re.compile(r"solve|kkt|cumsum", re.I)),
     ("products", re.compile(r"products|recompute_w_u", re.I)),
     ("walk", re.compile(r"walk|kernel_h", re.I)),
     ("output", re.compile(r"output|kernel_o\b", re.I)),
@@ -278,8 +272,8 @@ def bench_gdn_prefill(
             rows.append(row)
         for name in variants:
             kw = VARIANTS[name]
-            if kw is None or isinstance(kw, tuple):  # "file", or ("file", changes to it)
-                kw = {**tuning.settings("chunk_delta_rule", x["q"].device), **(kw[1] if kw else {})}
+            if kw is None:  # "file"
+                kw = dict(tuning.settings("chunk_delta_rule", x["q"].device))
             row = GdnPrefillResult("labkit", sequences, total, variant=name)
             try:
                 o, _ = chunk_delta_rule(**x, **kw)

@@ -34,9 +34,8 @@ SHOWN = ("BLOCK_V", "HAS_INIT", "CHECKPOINTS", "BLOCKS_FIRST", "TOGETHER")
 # chunk_delta_rule's launch settings of the chunk path, each an option of this command (the flags
 # among them as 0 or 1)
 CHUNK_SETTINGS = ("block_v", "num_warps", "num_stages", "prepare_warps", "products_warps", "output_block_v",
-                  "output_warps", "walk_programs_per_sm", "wide_warps", "wide_stages", "products_together",
-                  "split_solve", "invert_warps")
-FLAGS = ("products_together", "split_solve")
+                  "output_warps", "walk_programs_per_sm", "wide_warps", "wide_stages", "products_together")
+FLAGS = ("products_together",)
 # packed sequences of each call: 2 (a walk of 2 x 16 heads x 8 blocks of 16 columns = 256 programs
 # keeps its narrow blocks) and 8 (1,024 narrow programs: the walk widens, labkit.ops.chunk_delta_rule.walk_block_v)
 SEQUENCES = (2, 8)

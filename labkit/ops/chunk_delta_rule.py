@@ -77,6 +77,13 @@ parked, at T = 4,096 / 16,384 / 8 x 2,048, while bf16 X saved the products 9 / 2
 a row out of a register tile is a reduction across the tile's threads; fla's kkt + solve does it
 at 1 warp (27.9 / 109.0 / 109.4 us), where this form spills 784 bytes for sm_90. Commit 61db211
 has it (``solve_in_registers``, ``x_in_input_dtype``) and the bench variants ``tuned+registers*``.
+Nor is the solve faster split in two kernels, L formed and parked by one, X from the parked L by
+another with no key tile live (commit 4cf9cbe, ``split_solve``): the inverse alone still compiles to
+255 registers at 2 warps and 215 at 4 (its own pressure, not the key tile's; at 1 warp it spills
+840 bytes), and on an H100 (2026-12-06, data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-split-solve.json)
+it took 112 us at 2 warps plus 48 for L against 162 for the one kernel at 8 x 2,048 packed, the
+call 0.605 ms either way (0.625 at 4 warps; fla 0.561). What fla's 1-warp solve does faster is the
+inverse itself, not the occupancy around it.
 
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
@@ -189,11 +196,6 @@ PRODUCTS_TOGETHER = True
 # stores its inverse), into its own buffer; L stays parked in float32. Half of X's bytes for the
 # solve to write and the products to read. Measured: see the module docstring's last paragraph.
 X_IN_INPUT_DTYPE = True
-# The solve as two kernels, as fla's kkt + solve_tril: L formed and parked by one (it holds the key
-# tile), X by the other from L alone at INVERT_WARPS warps (few registers, many programs per SM to
-# hide the row substitution's latency), instead of both in one program at prepare_warps.
-SPLIT_SOLVE = False
-INVERT_WARPS = 2
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
 # The single-chunk kernel's value columns per program and warps. 32 columns (4 programs a head, each
@@ -343,34 +345,32 @@ def _solve_rows_full(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexp
 
 # -- the intra-chunk quantities: the triangular solve, then the products ---------------------------
 @device_function
-def _form_l(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv,
-            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-            C: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """G (stored) and L of the chunk of n tokens from t0, value head hv, by one [C, K] x [K, C]
-    product, parked in x (float32, x[t0 + row, hv, column], rows past n not written)."""
+def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, hv,
+                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SUB: tl.constexpr, XDT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored in XDT
+    as xo[t0 + row, hv, column] (rows past n are not written; nor are X's zero blocks above the
+    diagonal, unless xo is x, where they are L's own zeros: a reader of a separate xo masks them).
+
+    L is formed whole, by one [C, K] x [K, C] product, and parked in x (float32, this program's
+    own rows): the solve then reads it back one 16 x 16 block at a time, so that no key tile stays
+    live through the solve (register pressure). The diagonal blocks are inverted by row
+    substitution, all four at once (:func:`_invert4_by_rows`), then every off-diagonal block from
+    registers, and all of X is stored at the end, once every thread has read L (a barrier: the
+    same program's threads; ``xo`` may be ``x`` itself, X then stored over L)."""
+    C: tl.constexpr = 4 * SUB
     hk = hv // (HV // HK)
     kk = tl.arange(0, BLOCK_K)
+    kmask = kk < DK
+    x_at = _at(x_ptr, t0, HV, hv, C)
     r = tl.arange(0, C)
     rm = r < n
     G, beta, _ = _gates(_at(g_ptr, t0, HV, hv, 1), _at(beta_ptr, t0, HV, hv, 1), _at(gcum_ptr, t0, HV, hv, 1),
                         r, rm, 0.0, HV)
-    kt = _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kk < DK)
-    _store_tile(_at(x_ptr, t0, HV, hv, C), r, rm, HV * C, r, r < C, beta[:, None] * _decayed(kt, kt, G, G, 1, DOT_F32),
-                tl.float32, EMULATE_RTNE)
-
-
-@device_function
-def _invert_l(x_ptr, xo_ptr, t0, n, hv, HV: tl.constexpr, SUB: tl.constexpr, XDT: tl.constexpr,
-              EMULATE_RTNE: tl.constexpr):
-    """X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, from L parked in x, stored in
-    XDT as xo[t0 + row, hv, column] (rows past n are not written; nor are X's zero blocks above the
-    diagonal, unless xo is x, where they are L's own zeros: a reader of a separate xo masks them).
-    The diagonal blocks are inverted by row substitution, all four at once
-    (:func:`_invert4_by_rows`), then every off-diagonal block from registers; all of X is stored
-    at the end, once every thread has read L (a barrier: ``xo`` may be ``x`` itself, X then stored
-    over L)."""
-    C: tl.constexpr = 4 * SUB
-    x_at = _at(x_ptr, t0, HV, hv, C)
+    kt = _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask)
+    F32: tl.constexpr = tl.float32
+    _store_tile(x_at, r, rm, HV * C, r, r < C, beta[:, None] * _decayed(kt, kt, G, G, 1, DOT_F32), F32, EMULATE_RTNE)
+    tl.debug_barrier()
     r0 = tl.arange(0, SUB)
     r1, r2, r3 = SUB + r0, 2 * SUB + r0, 3 * SUB + r0
     m0, m1, m2, m3 = r0 < n, r1 < n, r2 < n, r3 < n
@@ -402,18 +402,6 @@ def _invert_l(x_ptr, xo_ptr, t0, n, hv, HV: tl.constexpr, SUB: tl.constexpr, XDT
     _store_tile(xo_at, r3, m3, HV * C, r3, full, X33, XDT, EMULATE_RTNE)
 
 
-@device_function
-def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, hv,
-                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SUB: tl.constexpr, XDT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """G (stored) and X = (I + L)^-1 of a chunk in one program: :func:`_form_l`, a barrier (the
-    same program's threads read back what others stored), :func:`_invert_l`. L goes through memory
-    so that no key tile stays live through the solve (register pressure)."""
-    _form_l(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, hv, HK, HV, DK, BLOCK_K, 4 * SUB, DOT_F32, EMULATE_RTNE)
-    tl.debug_barrier()
-    _invert_l(x_ptr, xo_ptr, t0, n, hv, HV, SUB, XDT, EMULATE_RTNE)
-
-
 @triton.jit
 def _solve_kernel(
     k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, xo_ptr, gcum_ptr, num_seqs,
@@ -429,36 +417,6 @@ def _solve_kernel(
     if n > 0:
         _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, tl.program_id(1),
                      HK, HV, DK, BLOCK_K, SUB, XDT, DOT_F32, EMULATE_RTNE)
-
-
-@triton.jit
-def _form_l_kernel(
-    k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, gcum_ptr, num_seqs,
-    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    C: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
-):
-    """Grid (chunk slots, HV), the first half of the split solve: G and L of one chunk of one value head."""
-    seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
-    t0 = bos + c * C
-    n = tl.minimum(eos - t0, C)
-    if n > 0:
-        _form_l(k_ptr, g_ptr, beta_ptr, x_ptr, gcum_ptr, t0, n, tl.program_id(1), HK, HV, DK, BLOCK_K, C,
-                DOT_F32, EMULATE_RTNE)
-
-
-@triton.jit
-def _invert_kernel(
-    cu_ptr, x_ptr, xo_ptr, num_seqs, HV: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
-    XDT: tl.constexpr, EMULATE_RTNE: tl.constexpr,
-):
-    """Grid (chunk slots, HV), the second half: X of one chunk of one value head from its stored L.
-    No key tile: few registers, so that many programs share an SM and hide the substitution's latency."""
-    C: tl.constexpr = 4 * SUB
-    seq, c, bos, eos = _locate(cu_ptr, tl.program_id(0), num_seqs, C, BLOCK_N)
-    t0 = bos + c * C
-    n = tl.minimum(eos - t0, C)
-    if n > 0:
-        _invert_l(x_ptr, xo_ptr, t0, n, tl.program_id(1), HV, SUB, XDT, EMULATE_RTNE)
 
 
 @device_function
@@ -868,8 +826,6 @@ def chunk_delta_rule(
     walk_blocks_first: bool = WALK_BLOCKS_FIRST,
     products_together: bool = PRODUCTS_TOGETHER,
     x_in_input_dtype: bool = X_IN_INPUT_DTYPE,
-    split_solve: bool = SPLIT_SOLVE,
-    invert_warps: int = INVERT_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -916,9 +872,7 @@ def chunk_delta_rule(
         X once, instead of one program each (``_products_kernel``);
         x_in_input_dtype (``X_IN_INPUT_DTYPE``): the solve stores X in the inputs' dtype (bf16 or
         fp16: half the bytes for the products to read; X is rounded there, as fla rounds its
-        inverse) instead of float32 over L; float32 inputs keep float32 X either way;
-        split_solve (``SPLIT_SOLVE``), invert_warps: the solve as two kernels, L by one at
-        prepare_warps, X from the parked L by the other at invert_warps (``_invert_kernel``).
+        inverse) instead of float32 over L; float32 inputs keep float32 X either way.
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
 
@@ -997,14 +951,14 @@ def chunk_delta_rule(
         )
     products_warps = prepare_warps if products_warps is None else products_warps
     _check_warps(num_warps=num_warps, prepare_warps=prepare_warps, products_warps=products_warps,
-                 output_warps=output_warps, single_warps=single_warps, wide_warps=wide_warps, invert_warps=invert_warps)
+                 output_warps=output_warps, single_warps=single_warps, wide_warps=wide_warps)
     for name, stages in (("num_stages", num_stages), ("wide_stages", wide_stages)):
         if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
             raise ValueError(f"{name} must be a number of stages >= 1, got {stages!r}")
     if not isinstance(walk_programs_per_sm, int) or isinstance(walk_programs_per_sm, bool) or walk_programs_per_sm < 0:
         raise ValueError(f"walk_programs_per_sm must be an integer >= 0 (0: never widen), got {walk_programs_per_sm!r}")
     for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together),
-                       ("x_in_input_dtype", x_in_input_dtype), ("split_solve", split_solve)):
+                       ("x_in_input_dtype", x_in_input_dtype)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
@@ -1031,20 +985,10 @@ def chunk_delta_rule(
     gcum = torch.empty(total, Hv, dtype=torch.float32, device=device)
     x = torch.empty(total, Hv, CHUNK, dtype=torch.float32, device=device)
     xo = torch.empty(total, Hv, CHUNK, dtype=dtype, device=device) if x_in_input_dtype and dtype != torch.float32 else x
-    if split_solve:
-        _form_l_kernel[(chunk_slots, Hv)](
-            k, g, beta, cu_seqlens, x, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, C=CHUNK,
-            **flags, num_warps=prepare_warps,
-        )
-        _invert_kernel[(chunk_slots, Hv)](
-            cu_seqlens, x, xo, N, HV=Hv, BLOCK_N=block_n, SUB=SUB, XDT=TORCH_TO_TL[xo.dtype],
-            EMULATE_RTNE=flags["EMULATE_RTNE"], num_warps=invert_warps,
-        )
-    else:
-        _solve_kernel[(chunk_slots, Hv)](
-            k, g, beta, cu_seqlens, x, xo, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-            XDT=TORCH_TO_TL[xo.dtype], **flags, num_warps=prepare_warps,
-        )
+    _solve_kernel[(chunk_slots, Hv)](
+        k, g, beta, cu_seqlens, x, xo, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
+        XDT=TORCH_TO_TL[xo.dtype], **flags, num_warps=prepare_warps,
+    )
     w = torch.empty(total, Hv, K, dtype=dtype, device=device)
     u = torch.empty(total, Hv, V, dtype=dtype, device=device)
     _products_kernel[(chunk_slots, Hv, 1 if products_together else 2)](
