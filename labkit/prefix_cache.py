@@ -94,8 +94,6 @@ checkpoint loaded twice: the same names, shapes, dtypes and sampled values,
 
 from __future__ import annotations
 
-from functools import partial
-
 import heapq
 import itertools
 import math
@@ -807,8 +805,7 @@ class _BoundaryStates:
         self._checkpoints = checkpoints
         self.base = base
         self.cores = replace(base, delta_rule=self._delta_rule, short_conv=self._short_conv,
-                             gdn_inputs=self._gdn_inputs,
-                             gated_delta_rule=self._gated_delta_rule if base.gated_delta_rule else None)
+                             gdn_inputs=self._gdn_inputs)
 
     def begin(self) -> None:
         """Before each forward through ``cores`` (a captured one runs it for its warm-up and again for
@@ -856,23 +853,13 @@ class _BoundaryStates:
             self.conv[layer] = self._windows(lambda x: x[..., :C], proj, conv_state, conv_weight.shape[1] - 1)
         return self.base.gdn_inputs(proj, conv_state, conv_weight, *args, **kwargs)
 
-    def _gated_delta_rule(self, q, k, v, g, beta, state, z, weight, eps):
-        """The base's delta rule with the output norm formed in it, where the states come from its
-        checkpoints (or none are read); run in pieces, the norm follows as its own core."""
-        if self.count and not self.from_kernel:
-            o, state = self._delta_rule(q, k, v, g, beta, state)
-            return self.base.gated_norm(o, z, weight, eps), state
-        return self._delta_rule(q, k, v, g, beta, state,
-                                run=partial(self.base.gated_delta_rule, z=z, weight=weight, eps=eps))
-
-    def _delta_rule(self, q, k, v, g, beta, state=None, run=None):
+    def _delta_rule(self, q, k, v, g, beta, state=None):
         layer = self._gdn_layers[self._gdn_calls]
         self._gdn_calls += 1
-        run = run or self.base.delta_rule
         if not self.count:
-            return run(q, k, v, g, beta, state)
+            return self.base.delta_rule(q, k, v, g, beta, state)
         if self.from_kernel:
-            out = run(q, k, v, g, beta, state)
+            out = self.base.delta_rule(q, k, v, g, beta, state)
             self.recurrent[layer] = self._checkpoints[-1]
             return out
         outs, states, a = [], [], 0

@@ -199,16 +199,11 @@ def test_the_fast_paths_are_switched_by_their_names(monkeypatch):
     assert cores.store_kv.func is store_kv_slice and cores.store_kv.keywords["start"] == 0
     assert cores.gdn_inputs.keywords["update_state"] and cores.short_conv.keywords["update_state"]
     assert cores.attention_inputs.func is pf.attention_inputs
-    assert cores.gated_delta_rule is None  # a delta rule that cannot form the norm: none lent
-    chunked = fused_prefill.chunked_delta_rule(lambda *a, **k: None, torch.float32)
-    gated = fused_prefill.prefill_cores(chunked, cache, pf).gated_delta_rule
-    assert gated.func is fused_prefill._gated_delta_rule and gated.args == (chunked, pf.gated_rms_norm_rows)
     for name in fused_prefill.FAST_PATHS:
         monkeypatch.setitem(fused_prefill.FAST_PATHS, name, False)
     cores = fused_prefill.prefill_cores(REFERENCE_CORES.delta_rule, cache, pf)
     assert cores.project is REFERENCE_CORES.project and cores.output_gate is REFERENCE_CORES.output_gate
     assert cores.store_kv is store_kv_ref and cores.attention_inputs is None
-    assert fused_prefill.prefill_cores(chunked, cache, pf).gated_delta_rule is None
     assert not cores.gdn_inputs.keywords["update_state"] and not cores.short_conv.keywords["update_state"]
     cache._host_lengths = [3, 5]  # rows at different lengths: the indexed write, whatever the switch
     monkeypatch.setitem(fused_prefill.FAST_PATHS, "store_kv_slice", True)

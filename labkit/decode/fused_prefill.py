@@ -52,10 +52,8 @@ from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing
 #   key-split Triton kernels of labkit.ops.tail_attention (else SDPA's bottom-right causal form). Off:
 #   slower than SDPA's flash kernels for Qwen3.5-0.8B (31.95 against 26.98 us a layer at 64 tokens
 #   after 4,096, H100), level for LFM2-350M (19.19 against 19.07; data/bench/nvidia-h100-80gb-hbm3/tail-ops.json).
-# - "gated_norm_in_output": Gated DeltaNet's output norm (rms norm x weight x silu(z)) formed by the
-#   chunk kernel's output stage for prompts longer than a chunk (else its own kernel after o is stored).
 FAST_PATHS = {"project_residual": True, "store_kv_slice": True, "output_gate": True, "conv_window_in_place": True,
-              "attention_inputs": True, "gate_up_swiglu": True, "tail_attention": False, "gated_norm_in_output": True}
+              "attention_inputs": True, "gate_up_swiglu": True, "tail_attention": False}
 
 
 def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpoint_every: int | None = None,
@@ -71,22 +69,20 @@ def chunked_delta_rule(kernel: Callable[..., tuple], dtype: torch.dtype, checkpo
     float32 (n = T // checkpoint_every), written by the same walk (no second pass).
 
     ``settings``: the kernel's launch settings (``tuning.settings("chunk_delta_rule", device)``);
-    None leaves the kernel's own defaults. ``gated_norm=(z, weight, eps)`` (a prompt longer than
-    one chunk): o comes back as Gated DeltaNet's output norm, formed by the kernel's output stage."""
+    None leaves the kernel's own defaults."""
     settings = dict(settings or {})
 
-    def delta_rule(q, k, v, g, beta, state=None, gated_norm=None):
+    def delta_rule(q, k, v, g, beta, state=None):
         q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
-        extra = {} if gated_norm is None else dict(gated_norm=gated_norm, single_chunk=False)
+        extra = {}
         if checkpoint_every is not None:
             B, T = q.shape[:2]
             shape = (B * (T // checkpoint_every), v.shape[2], q.shape[3], v.shape[3])
             buf = torch.empty(shape, dtype=torch.float32, device=q.device)
-            extra.update(checkpoints=buf, checkpoint_every=checkpoint_every)
+            extra = dict(checkpoints=buf, checkpoint_every=checkpoint_every)
             checkpoints.append(buf.view(B, T // checkpoint_every, *shape[1:]))
         return kernel(q, k, v, g.contiguous(), beta.contiguous(), state, final_state=state, **extra, **settings)
 
-    delta_rule.takes_gated_norm = True  # prefill_cores lends its gated_delta_rule core only over such a rule
     return delta_rule
 
 
@@ -135,8 +131,6 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
         fast["project"] = fusions.project_residual
     if FAST_PATHS["output_gate"]:
         fast["output_gate"] = fusions.sigmoid_gate_rows
-    if FAST_PATHS["gated_norm_in_output"] and getattr(delta_rule, "takes_gated_norm", False):
-        fast["gated_delta_rule"] = partial(_gated_delta_rule, delta_rule, fusions.gated_rms_norm_rows)
     if FAST_PATHS["gate_up_swiglu"]:
         fast["gate_up"] = partial(fusions.gate_up_swiglu, **tuning.settings("tail_gate_up", cache.device),
                                   prompt=tuning.settings("prompt_gate_up", cache.device))
@@ -149,19 +143,6 @@ def prefill_cores(delta_rule: DeltaRule, cache: HybridCache, fusions: Any = None
                       rms_norm=fusions.rms_norm_rows, swiglu=fusions.swiglu_rows,
                       norm_rope=partial(fusions.norm_rope_rows, **norm_rope_settings), **fast)
 
-
-
-def _gated_delta_rule(delta_rule: DeltaRule, gated_norm: Callable[..., torch.Tensor], q, k, v, g, beta, state, z,
-                      weight, eps):
-    """Gated DeltaNet's delta rule and output norm: in the chunk kernel's output stage for a prompt
-    longer than one chunk (``chunked_delta_rule``'s ``gated_norm``), else (a hit's tail, on the
-    single-chunk kernel) the norm's own kernel after it."""
-    from ..ops.chunk_delta_rule import CHUNK  # Triton's: loaded with the fusions
-
-    if q.shape[1] > CHUNK:
-        return delta_rule(q, k, v, g, beta, state, gated_norm=(z, weight, eps))
-    o, state = delta_rule(q, k, v, g, beta, state)
-    return gated_norm(o, z, weight, eps), state
 
 
 @dataclass

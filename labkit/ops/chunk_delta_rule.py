@@ -84,6 +84,15 @@ another with no key tile live (commit 4cf9cbe, ``split_solve``): the inverse alo
 it took 112 us at 2 warps plus 48 for L against 162 for the one kernel at 8 x 2,048 packed, the
 call 0.605 ms either way (0.625 at 4 warps; fla 0.561). What fla's 1-warp solve does faster is the
 inverse itself, not the occupancy around it.
+Nor was Gated DeltaNet's output norm (rms norm x weight x silu(z), the model's next step) worth
+forming in the output kernel (commit bf5c594, ``gated_norm``: whole heads per output program, o
+never stored): in Qwen3.5-0.8B's 4,096-token prefill on an H100 (2026-12-06,
+data/bench/nvidia-h100-80gb-hbm3/prefill-profile.json and its ablation row) it saved 18 kernels and
+0.066 ms of wall time (12.519 against 12.585 ms) but cost 0.035 ms of device time (the output
+kernel 0.972 ms against 0.713 + 0.304 for the two kernels), and its bf16 operator test failed on
+that GPU (relative error 1.2 against the two-step form, z a strided view at an unaligned offset;
+float32, and the model at its own layout, passed; the cause was not found before the session's GPU
+time ran out).
 
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
 triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
@@ -150,7 +159,6 @@ from .launch import (
     cast,
     cdiv,
     check_devices,
-    check_eps,
     check_no_overlap,
     check_tensor,
     device_function,
@@ -569,20 +577,15 @@ def _walk_kernel(
 
 @triton.jit
 def _output_kernel(
-    q_ptr, k_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, z_ptr, zw_ptr, num_seqs, scale, eps, z_st, z_sh,
+    q_ptr, k_ptr, gcum_ptr, unew_ptr, states_ptr, cu_ptr, o_ptr, num_seqs, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr, GATED: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr,
     DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (chunk slots, HV, value blocks), all in parallel after the walk:
     O = diag(exp(G)) Q S0 / sqrt(K) + P U of one chunk, from its start state S0 and deltas U, with
     P = M o (Q K^T) / sqrt(K) formed here from the key tile (one [C, K] x [K, C] product per value
-    block: cheaper than the 2 x C bytes per token and value head of storing it).
-
-    GATED (one value block holds the whole head): what is stored is Gated DeltaNet's output norm of
-    O instead, :func:`labkit.ops.norm.gated_rms_norm_ref`'s o / sqrt(mean(o^2) + eps) * w * silu(z)
-    per token and head, of O rounded to the dtype as the two-step form rounds it; z read at
-    z[t * z_st + hv * z_sh + column], w at zw[column]."""
+    block: cheaper than the 2 x C bytes per token and value head of storing it)."""
     unit = tl.program_id(0)
     hv = tl.program_id(1)
     seq, c, bos, eos = _locate(cu_ptr, unit, num_seqs, C, BLOCK_N)
@@ -599,11 +602,6 @@ def _output_kernel(
         P = _decayed(q, _tile(_at(k_ptr, t0, HK, hk, DK), r, rm, HK * DK, kk, kmask), G, G, 2, DOT_F32) * scale
         U = _tile(_at(unew_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask)
         O = (tl.exp(G) * scale)[:, None] * _mm(q, S, DT, DOT_F32, EMULATE_RTNE) + _mm(P, U, DT, DOT_F32, EMULATE_RTNE)
-        if GATED:
-            O = cast(O, DT, EMULATE_RTNE).to(tl.float32)
-            z = _tile(z_ptr + tl.cast(t0, tl.int64) * z_st + hv * z_sh, r, rm, z_st, cols, vmask).to(tl.float32)
-            w = tl.load(zw_ptr + cols, mask=vmask, other=0.0).to(tl.float32)
-            O = O * tl.rsqrt(tl.sum(O * O, 1) / DV + eps)[:, None] * w[None, :] * (z / (1.0 + tl.exp(-z)))
         _store_tile(_at(o_ptr, t0, HV, hv, DV), r, rm, HV * DV, cols, vmask, O, DT, EMULATE_RTNE)
 
 
@@ -837,7 +835,6 @@ def chunk_delta_rule(
     walk_blocks_first: bool = WALK_BLOCKS_FIRST,
     products_together: bool = PRODUCTS_TOGETHER,
     x_in_input_dtype: bool = X_IN_INPUT_DTYPE,
-    gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -887,12 +884,6 @@ def chunk_delta_rule(
         inverse) instead of float32 over L; float32 inputs keep float32 X either way.
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
-
-    gated_norm: (z [B, T, Hv, V] of any float dtype with unit stride along V and rows of one
-    stride, weight [V], eps): ``out`` then holds Gated DeltaNet's output norm of o,
-    ``gated_rms_norm_ref(o, z, weight, eps)``, formed by the output kernel, whose programs then hold
-    whole heads (output_block_v raised to V's power of two): o is never stored nor read back. Only
-    on the chunked path (single_chunk=False: the single-chunk kernel splits heads across programs).
 
     cu_seqlens is read back and checked, except while a CUDA graph is being captured.
     """
@@ -982,22 +973,6 @@ def chunk_delta_rule(
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
     output_block_v = _checked_block_v("output_block_v", output_block_v, OUTPUT_BLOCK_V, V)
     single_block_v = _checked_block_v("single_block_v", single_block_v, SINGLE_BLOCK_V, V)
-    zero = torch.empty(0, dtype=torch.float32, device=q.device)
-    z, z_weight, eps = zero, zero, 1.0
-    if gated_norm is not None:
-        if single_chunk is not False:
-            raise ValueError("gated_norm is formed by the chunked path's output kernel: pass single_chunk=False "
-                             "(the single-chunk kernel splits a head's columns across programs)")
-        z, z_weight, eps = gated_norm
-        check_tensor("gated_norm's z", z, dtype=FLOAT_DTYPES, shape=(B, T, Hv, V), contiguous=False, aligned=False)
-        check_tensor("gated_norm's weight", z_weight, dtype=FLOAT_DTYPES, shape=(V,), aligned=False)
-        if z.stride(3) != 1 or (B > 1 and z.stride(0) != T * z.stride(1)):
-            raise ValueError(f"gated_norm's z must have unit stride along V and its rows one stride apart "
-                             f"(a view of a contiguous projection), got strides {z.stride()}")
-        eps = check_eps("gated_norm's eps", eps)
-        check_devices(q=q, z=z, z_weight=z_weight)
-        check_no_overlap([("gated_norm's z", z, "out", out)])
-        output_block_v = max(output_block_v, next_pow2(V))
     if single_chunk or (single_chunk is None and use_single_chunk(lengths, N, Hv, B * T)):
         return _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints,
                              checkpoint_every, N, single_block_v, single_warps)
@@ -1045,8 +1020,7 @@ def chunk_delta_rule(
         BLOCK_V=walk_v, **common, num_warps=num_warps, num_stages=num_stages,
     )
     _output_kernel[(chunk_slots, Hv, cdiv(V, output_block_v))](
-        q, k, gcum, unew, states, cu_seqlens, out, z, z_weight, N, K**-0.5, eps,
-        z.stride(1) if gated_norm else 0, z.stride(2) if gated_norm else 0,
-        BLOCK_V=output_block_v, GATED=gated_norm is not None, **common, num_warps=output_warps,
+        q, k, gcum, unew, states, cu_seqlens, out, N, K**-0.5, BLOCK_V=output_block_v, **common,
+        num_warps=output_warps,
     )
     return out, final_state

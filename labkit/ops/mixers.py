@@ -240,9 +240,7 @@ class MixerCores:
     ``rms_norm`` as :func:`~labkit.ops.norm.rms_norm_ref` (the blocks' and the final norm);
     ``swiglu`` as :func:`swiglu_ref` (the MLP's activation); ``gate_up(x, weight)`` as
     ``swiglu(F.linear(x, weight))`` (the MLP's input projection and activation together; None
-    composes those two); ``gated_delta_rule(q, k, v, g, beta, state, z, weight, eps)`` as
-    ``delta_rule`` followed by ``gated_norm(o, z, weight, eps)`` (one implementation that forms the
-    norm where o is formed; None composes those two); ``norm_rope`` as :func:`norm_rope_ref`
+    composes those two); ``norm_rope`` as :func:`norm_rope_ref`
     (attention's q and k before the core); ``store_kv`` as :func:`store_kv_ref` (attention's cache
     write); ``attention_inputs`` as :func:`attention_inputs_ref` (``norm_rope`` of q and k, then
     ``store_kv``, in one call; None composes those two); ``output_gate`` as :func:`output_gate_ref`;
@@ -267,7 +265,6 @@ class MixerCores:
     project: Callable[..., torch.Tensor] = project_ref
     attention_inputs: Callable[..., tuple] | None = None  # None: norm_rope twice, then store_kv
     gate_up: Callable[..., torch.Tensor] | None = None  # None: F.linear, then swiglu
-    gated_delta_rule: Callable[..., tuple] | None = None  # None: delta_rule, then gated_norm
 
     def __post_init__(self) -> None:
         # the references are defined below this class: fill them in where left out
@@ -367,11 +364,8 @@ def gated_deltanet_ref(
     if cores is None:
         cores = MixerCores(delta_rule=delta_rule)
     q, k, v, g, beta, z, new_conv_state = cores.gdn_inputs(proj, conv_state, conv_weight, A_log, dt_bias, dims)
-    if cores.gated_delta_rule is not None:
-        o, new_state = cores.gated_delta_rule(q, k, v, g, beta, state, z, norm_weight, eps)
-    else:
-        o, new_state = cores.delta_rule(q, k, v, g, beta, state)
-        o = cores.gated_norm(o, z, norm_weight, eps)
+    o, new_state = cores.delta_rule(q, k, v, g, beta, state)
+    o = cores.gated_norm(o, z, norm_weight, eps)
     return o.reshape(B, T, dims.value_dim).to(proj.dtype), new_conv_state, new_state
 
 
