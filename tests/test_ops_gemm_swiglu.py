@@ -13,36 +13,28 @@ from labkit.ops import gemm_swiglu as gs
 from labkit.ops.mixers import swiglu_ref
 
 
+# (config, W): the pointer form at W = 37; the persistent form at W = 56 (TMA rows stay multiples of
+# 16 bytes), with few programs so that each takes several tiles
+CASES = {"groups-of-4-last-partial": (gs.GemmConfig(16, 16, 16, 4, 4, 2), 37),
+         "group1": (gs.GemmConfig(32, 16, 32, 1, 4, 1), 37),
+         "persistent-five-programs": (gs.GemmConfig(16, 16, 16, 2, 4, 2, persistent=True, programs=5), 56),
+         "persistent-split-store-not-flat": (gs.GemmConfig(32, 32, 16, 1, 4, 2, persistent=True, flatten=False,
+                                                           split_store=True, programs=3), 56)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("config", [gs.GemmConfig(16, 16, 16, 4, 4, 2), gs.GemmConfig(32, 16, 32, 1, 4, 1)],
-                         ids=["groups-of-4-last-partial", "group1"])
-def test_matches_the_reference(dtype, config, device, monkeypatch):
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_the_reference(dtype, case, device, monkeypatch):
+    """87 rows, K = 40 and W = 37 or 56: no tile divides them."""
+    config, W = CASES[case]
     poison_empty(monkeypatch, gs)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 29, 40, generator=gen).to(dtype=dtype, device=device)
-    w = (0.3 * torch.randn(2 * 37, 40, generator=gen)).to(dtype=dtype, device=device)
+    w = (0.3 * torch.randn(2 * W, 40, generator=gen)).to(dtype=dtype, device=device)
     want = swiglu_ref(F.linear(x, w))
     got = gs.gemm_swiglu(x, w, config)
-    assert got.shape == (3, 29, 37) and got.dtype == dtype
+    assert got.shape == (3, 29, W) and got.dtype == dtype
     # gate and up rounded to the dtype before silu, as the reference; only the sums' order differs
-    assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
-
-
-PERSISTENT = [gs.GemmConfig(16, 16, 16, 2, 4, 2, persistent=True, programs=5),
-              gs.GemmConfig(32, 32, 16, 1, 4, 2, persistent=True, flatten=False, split_store=True, programs=3)]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("config", PERSISTENT, ids=["five-programs", "split-store-not-flat"])
-def test_persistent_form_matches_the_reference(dtype, config, device, monkeypatch):
-    poison_empty(monkeypatch, gs)
-    gen = torch.Generator().manual_seed(4)
-    # 87 rows, W = 56 and K = 40: no tile divides them (TMA rows stay multiples of 16 bytes)
-    x = torch.randn(3, 29, 40, generator=gen).to(dtype=dtype, device=device)
-    w = (0.3 * torch.randn(2 * 56, 40, generator=gen)).to(dtype=dtype, device=device)
-    want = swiglu_ref(F.linear(x, w))
-    got = gs.gemm_swiglu(x, w, config)
-    assert got.shape == (3, 29, 56) and got.dtype == dtype
     assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
