@@ -140,11 +140,11 @@ def _prompt_configs() -> list:
     from ..ops.gemm_swiglu import GemmConfig
 
     pointer = [GemmConfig(128, 128, 32, 8, 8, stages) for stages in (4, 5, 6)]
-    persistent = [GemmConfig(bm, bn, bk, group, warps, stages, persistent=True, flatten=flat, split_store=split)
+    persistent = [GemmConfig(bm, bn, bk, 8, warps, stages, persistent=True, flatten=flat, split_store=split)
                   for bm, bn, bk, warps, stages in ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 32, 8, 6),
                                                     (128, 64, 64, 4, 4), (128, 64, 64, 8, 5), (64, 128, 64, 4, 4),
                                                     (256, 64, 64, 8, 3))
-                  for group in (8,) for flat in (True, False) for split in (False, True)]
+                  for flat in (True, False) for split in (False, True)]
     return pointer + persistent
 
 
