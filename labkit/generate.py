@@ -218,10 +218,11 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     _sync(model.device)
     t0 = time.perf_counter()
     prefix_hit = 0
+    # a fused decoder took the weights key when it was fetched above (refresh), and the ids' range was
+    # checked on the host before the timing: neither is paid twice (a walk of the model, a sync)
     if prefix_cache is None:
-        logits = decoder.prefill(input_ids)
+        logits = decoder.prefill_checked(input_ids, ids_checked=True, weights=decoder.checked_weights)
     else:
-        # a fused decoder took the weights key when it was fetched above (refresh): not taken twice
         pre = prefix_cache.prefill(decoder, input_ids, weights=decoder.checked_weights)
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)

@@ -303,7 +303,7 @@ class HybridLM(nn.Module):
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids has no tokens")
         if check_ids and input_ids.shape[1] > 1:
-            lo, hi = int(input_ids.min()), int(input_ids.max())
+            lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one read to the host (a sync), not two
             if lo < 0 or hi >= self.cfg.vocab_size:
                 raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")
         if cache is not None:

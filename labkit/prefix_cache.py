@@ -577,7 +577,8 @@ class PrefixCache:
             restore()
         store = self.last_copies = _Store(CacheSpans.of(cache, self._layout))
         if not start and not count:  # nothing to read or restore: the decoder's own prefill (replayable)
-            return PrefixPrefill(logits=decoder.prefill(input_ids), restored=0, row_hits=row_hits)
+            return PrefixPrefill(logits=decoder.prefill_checked(input_ids, ids_checked=True, weights=key), restored=0,
+                                 row_hits=row_hits)
         # the delta rule's state checkpoints at the block boundaries, where the decoder's rule takes them
         multiple = decoder.checkpoint_multiple
         every = bs if count and multiple and bs % multiple == 0 else None
@@ -585,7 +586,7 @@ class PrefixCache:
         if not start:  # a miss into a fresh cache: the rung may run it as its own prefill (fused+graph: replayed)
             read = decoder.prefill_reading(input_ids, every,
                                            lambda cores, taken: _BoundaryStates(cores, taken, cache, bs, count),
-                                           ids_checked=True)
+                                           ids_checked=True, weights=key)
         if read is not None:
             logits, boundaries = read
         else:
@@ -593,7 +594,7 @@ class PrefixCache:
             base = decoder.prefill_cores(every, checkpoints) if every else decoder.prefill_cores()
             if base is None:  # it lends none: its own prefill, block by block
                 logits = self._prefill_block_by_block(decoder, cache, input_ids, keys, start, current, pinned, admit,
-                                                      store)
+                                                      store, key)
             else:  # one prefill of the rest, the states at its block boundaries read while it runs
                 boundaries = _BoundaryStates(base, checkpoints, cache, bs, count)
                 logits = model(input_ids[:, start:], cache=cache, last_only=True, cores=boundaries.cores)[:, -1]
@@ -609,7 +610,7 @@ class PrefixCache:
 
     def _prefill_block_by_block(self, decoder: Decoder, cache: HybridCache, input_ids: torch.Tensor, keys: list,
                                 pos: int, current: list, pinned: set[int], admit: list[set[int]],
-                                store: _Store) -> torch.Tensor:
+                                store: _Store, weights: WeightsKey) -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
         boundary's state read from the cache after the block (and copied before the next block moves it)."""
         bs, (B, T) = self.block_size, input_ids.shape
@@ -619,7 +620,7 @@ class PrefixCache:
                                 {i: s[:, None] for i, s in cache.recurrent_states.items()})
         while pos < T:
             end = min(pos + bs, T)
-            logits = decoder.prefill(input_ids[:, pos:end])
+            logits = decoder.prefill_checked(input_ids[:, pos:end], ids_checked=True, weights=weights)
             if end - pos == bs:
                 for r in range(B):
                     states = r if (pos - first) // bs in admit[r] else None

@@ -124,3 +124,23 @@ def test_the_greedy_step_is_used_exactly_when_decoding_is_greedy(model, prompt, 
     assert _CountingDecoder.last.calls == {"step": 0, "step_greedy": 4}
     labkit.generate(model, prompt, max_new_tokens=5, backend="counting", temperature=0.7, seed=0)
     assert _CountingDecoder.last.calls == {"step": 4, "step_greedy": 0}
+
+
+def test_the_timed_prefill_takes_over_what_generate_checked(model, prompt, monkeypatch):
+    """generate checks the ids' range and (fused: fetching the decoder refreshes it) takes the weights
+    key before its timing starts; the fused prefill takes both over instead of walking the model and
+    reading the ids back again inside the time to first token. The tokens do not change."""
+    from labkit.decode import fused
+
+    want = labkit.generate(model, prompt, max_new_tokens=3, backend="fused").tokens  # the decoder exists now
+    walks, reads = [], []
+    key = fused.weights_key
+    monkeypatch.setattr(fused, "weights_key", lambda *a, **k: walks.append(1) or key(*a, **k))
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **k: reads.append(1) or aminmax(*a, **k))
+    out = labkit.generate(model, prompt, max_new_tokens=3, backend="fused")
+    assert torch.equal(out.tokens, want)
+    assert len(walks) == 1, "the weights key is taken when the decoder is fetched, not again by its prefill"
+    assert len(reads) == 1, "the ids' range is read once, by generate's own check"
+    with pytest.raises(ValueError, match="token ids"):  # a caller that checked nothing still gets the check
+        backends.make_decoder("fused", model, model.new_cache(2, 8)).prefill(prompt + model.cfg.vocab_size)

@@ -90,6 +90,9 @@ class _HostOnly(Decoder):
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self._decoder.prefill(input_ids)
 
+    def prefill_checked(self, input_ids: torch.Tensor, **checked) -> torch.Tensor:
+        return self._decoder.prefill_checked(input_ids, **checked)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._decoder.step(tokens)
 

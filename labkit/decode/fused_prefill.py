@@ -193,6 +193,10 @@ class FusedPrefill:
         rule also appends its state checkpoints to ``checkpoints`` (see :func:`chunked_delta_rule`):
         what :class:`labkit.PrefixCache` snapshots."""
         self.refresh()
+        return self._cores(checkpoint_every, checkpoints)
+
+    def _cores(self, checkpoint_every: int | None = None, checkpoints: list[torch.Tensor] | None = None) -> MixerCores:
+        """:meth:`prefill_cores` for a caller that has just refreshed the decoder."""
         rule = chunked_delta_rule(self._chunk.chunk_delta_rule, self.model.dtype, checkpoint_every, checkpoints,
                                   self.chunk_settings)
         return prefill_cores(rule, self.cache, self._fusions)
@@ -209,18 +213,26 @@ class FusedPrefill:
         """Last-token logits [B, vocab] after the prompt ``input_ids`` [B, T]. Under fused+graph, a
         prompt into a fresh cache replays the graph of its length, captured when the length comes
         for the ``prefill_policy["capture_at"]``-th time (eager before)."""
+        return self.prefill_checked(input_ids)
+
+    @torch.no_grad()
+    def prefill_checked(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
+                        weights: Any = None) -> torch.Tensor:
+        """:meth:`prefill`, ``ids_checked`` and ``weights`` as for :meth:`prefill_continuation`:
+        ``generate`` has checked both just before, so the walk of the model (~0.1-0.2 ms of Python)
+        and the ids' read to the host (a sync) are not paid again in its time to first token."""
         cache = self.cache
-        if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
-            return self.forward_prefill(input_ids, last_only=True)[:, -1]
-        self.refresh()
-        self.model._check_input(input_ids, cache)
+        self.refresh(weights)
+        self.model._check_input(input_ids, cache, check_ids=not ids_checked)
+        eager = not (self.graph_prefill and all(n == 0 for n in cache.host_lengths))
         T = input_ids.shape[1]
-        self._prefill_seen[T] = self._prefill_seen.pop(T, 0) + 1
-        while len(self._prefill_seen) > 64:
-            self._prefill_seen.popitem(last=False)
-        entry = self._prefill_graphs.get(T)
-        if entry is None and self._prefill_seen[T] < self.prefill_policy["capture_at"]:
-            return self.forward_prefill(input_ids, last_only=True)[:, -1]
+        if not eager:
+            self._prefill_seen[T] = self._prefill_seen.pop(T, 0) + 1
+            while len(self._prefill_seen) > 64:
+                self._prefill_seen.popitem(last=False)
+        entry = None if eager else self._prefill_graphs.get(T)
+        if eager or (entry is None and self._prefill_seen[T] < self.prefill_policy["capture_at"]):
+            return self.model.forward_checked(input_ids, cache, last_only=True, cores=self._cores())[:, -1]
         if entry is None:
             t0 = time.perf_counter()
             entry = self._capture_prefill(input_ids)
@@ -237,18 +249,19 @@ class FusedPrefill:
 
     @torch.no_grad()
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
-                        reader: Any, *, ids_checked: bool = False) -> tuple[torch.Tensor, Any] | None:
+                        reader: Any, *, ids_checked: bool = False,
+                        weights: Any = None) -> tuple[torch.Tensor, Any] | None:
         """A prefill into a fresh cache through the cores ``reader(cores, checkpoints)`` wraps (what
         :class:`labkit.PrefixCache` reads a miss's block boundaries with), captured and replayed as
         :meth:`prefill` is: under fused+graph, per (prompt shape, ``checkpoint_every``) once it comes
         for the ``capture_at``-th time; the reader of the capture is returned with the logits, its
         tensors rewritten by every replay (read them before the next). None where it is not
         captured (no graph, a cache holding tokens, a shape not yet due): the caller runs it eagerly.
-        ``ids_checked``: the token ids' range was checked on the host (:meth:`prefill_continuation`)."""
+        ``ids_checked``, ``weights``: as for :meth:`prefill_continuation`."""
         cache = self.cache
         if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
             return None
-        self.refresh()
+        self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (tuple(input_ids.shape), checkpoint_every)
         self._reading_seen[key] = self._reading_seen.pop(key, 0) + 1
@@ -317,7 +330,7 @@ class FusedPrefill:
         if not self.graph or cache.seq_len == 0:
             if before is not None:
                 before()
-            return self.prefill(input_ids)
+            return self.prefill_checked(input_ids, ids_checked=ids_checked, weights=weights)
         self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape), None if before is None else before.key)

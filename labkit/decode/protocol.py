@@ -5,6 +5,10 @@ the benchmarks, the diagnosis) use only what :class:`Decoder` declares here and 
 decoder's attributes: a rung overrides what it does better than the default.
 
 - ``prefill(input_ids [B, T]) -> [B, vocab]``: the last token's logits; the cache advances by T.
+- ``prefill_checked(input_ids, ids_checked=, weights=)``: ``prefill`` for a caller that has just checked
+  the token ids' range on the host and taken the model's weights key (``generate``, PrefixCache), as
+  for ``prefill_continuation`` (below), so that a rung which would check them again (a sync, a walk
+  of the model, in the time to first token) skips that; default: :meth:`prefill`.
 - ``step(tokens [B]) -> [B, vocab]``: the next logits; the cache advances by one.
 - ``step_greedy(tokens [B]) -> [B]``: the argmax of ``step``'s logits (default: exactly that, so a
   rung that can pick the token without writing logits overrides it, bit for bit the same token).
@@ -19,14 +23,15 @@ decoder's attributes: a rung overrides what it does better than the default.
   right before it on the device (PrefixCache's restore: a callable with a hashable ``key``), run by
   the rung as part of the tail (a rung that captures the tail in a CUDA graph captures it too, and
   keys the graph by ``before.key`` as well); default: ``before()``, then :meth:`prefill`.
-- ``prefill_reading(input_ids, checkpoint_every, reader, ids_checked=) -> (logits, read) | None``: a prefill into a
+- ``prefill_reading(input_ids, checkpoint_every, reader, ids_checked=, weights=) -> (logits, read) | None``: a prefill into a
   fresh cache through cores that ``reader(cores, checkpoints)`` wraps (PrefixCache's boundary
   reader; it returns an object with ``.cores`` and ``.begin()``, called before each forward), run
   the way the rung runs its own prefill (``fused+graph``: captured per prompt shape and replayed,
   the reader's tensors then being the graph's outputs, rewritten by each replay). ``None`` (the
   default, and a rung's answer when it would not capture this call): the caller runs the forward
-  itself, eagerly, with ``prefill_cores``. ``ids_checked``: the caller has checked the token ids'
-  range on the host (as for ``prefill_continuation``: reading them from the device is a sync).
+  itself, eagerly, with ``prefill_cores``. ``ids_checked``, ``weights``: as for
+  ``prefill_continuation`` (the caller has checked the token ids' range on the host, reading them
+  from the device being a sync; the model's weights key, just taken).
 - ``hopper_features``: the features of :mod:`labkit.ops.features` (``"pdl"``, ``"bulk_prefetch"``,
   ...: sm_90 and newer) that this decoder's kernels use; empty (the default) for a rung that uses
   none. A rung decides at construction: on a GPU without a feature it takes its path without it, or
@@ -63,6 +68,10 @@ class Decoder:
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, vocab]
         raise NotImplementedError(f"{type(self).__name__} must define prefill")
 
+    def prefill_checked(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
+                        weights: Any = None) -> torch.Tensor:
+        return self.prefill(input_ids)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B, vocab]
         raise NotImplementedError(f"{type(self).__name__} must define step")
 
@@ -80,7 +89,8 @@ class Decoder:
         return self.prefill(input_ids)
 
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
-                        reader: Any, *, ids_checked: bool = False) -> tuple[torch.Tensor, Any] | None:
+                        reader: Any, *, ids_checked: bool = False,
+                        weights: Any = None) -> tuple[torch.Tensor, Any] | None:
         return None
 
     @property
