@@ -29,7 +29,8 @@ that each entry is still the very object seen, and each tensor's address, versio
 dtype; any difference, or a module or tensor that died, and the key is walked again. On the H200
 machine's host the memoized facts took 0.219 ms against the walk's 0.232 (data/bench/nvidia-h200/
 hit-host.json): the saving that counts is taking the key once per call (``generate`` hands the
-fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`).
+fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`, or without a prefix
+cache to the decoder's ``prefill_checked``, so that none is taken inside its time to first token).
 
 Who reads the fingerprint. A plan or a captured graph reads the tensors where they are, so an edit
 of their values (even through ``.data``) needs nothing rebuilt: the rungs key by ``layout`` and
