@@ -126,12 +126,14 @@ def test_the_greedy_step_is_used_exactly_when_decoding_is_greedy(model, prompt, 
     assert _CountingDecoder.last.calls == {"step": 4, "step_greedy": 0}
 
 
-def test_the_timed_prefill_takes_over_what_generate_checked(model, prompt, monkeypatch):
+def test_the_timed_prefill_takes_over_what_generate_checked(prompt, device, monkeypatch):
     """generate checks the ids' range and (fused: fetching the decoder refreshes it) takes the weights
     key before its timing starts; the fused prefill takes both over instead of walking the model and
     reading the ids back again inside the time to first token. The tokens do not change."""
     from labkit.decode import fused
 
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=4, device=device)
+    prompt = prompt.to(device)
     want = labkit.generate(model, prompt, max_new_tokens=3, backend="fused").tokens  # the decoder exists now
     walks, reads = [], []
     key = fused.weights_key
