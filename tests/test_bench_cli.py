@@ -87,3 +87,32 @@ def test_a_transformers_peer_is_named_for_the_gdn_kernels_it_runs(monkeypatch):
     monkeypatch.setattr(decode, "fla_importable", lambda: False)
     row = decode.time_prefill(model, "transformers+fla", 4, repeats=1)
     assert row.ms is None and "needs flash-linear-attention importable" in row.error
+
+
+@pytest.mark.parametrize("impl,graph", [("fused+graph", True), ("fused", False), ("transformers", False)])
+def test_a_graph_backends_prefill_is_timed_only_after_its_capture(monkeypatch, impl, graph):
+    """A graph rung runs a prompt length eagerly until its capture_at-th call and captures it then:
+    those calls are warm-up, never timed runs (one of three timed runs being the capture made the
+    median the slower of the other two). Its first call is reported apart, as first_call_ms."""
+    import labkit
+    from labkit import tuning
+    from labkit.bench import decode
+    from labkit.lab.timing import Timing
+
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=0)
+    seen = {}
+
+    class Runner:
+        def prefill(self, ids):
+            pass
+
+        def reset(self):
+            pass
+
+    monkeypatch.setattr(decode, "make_runner", lambda *a, **k: Runner())
+    monkeypatch.setattr(decode, "measure", lambda work, **kw: seen.update(kw) or Timing(1.0, [1.0]))
+    row = decode.time_prefill(model, impl, 8, repeats=3)
+    capture_at = tuning.settings("fused_prefill", model.device)["capture_at"]
+    assert row.error is None and seen["warmup"] == (capture_at + 1 if graph else 1)
+    assert seen["repeats"] == 3
+    assert decode.time_prefill(model, impl, 8, repeats=3, warmup=0).error is None and seen["warmup"] == 0

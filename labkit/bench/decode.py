@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from .. import tuning
 from ..decode.registry import make_decoder, release_pooled
 from ..lab.hw import DeviceFacts
 from ..model import HybridLM
@@ -231,12 +232,23 @@ def wall_clock_generate(model: HybridLM, backend: str, ids: torch.Tensor, new_to
             "setup_s": statistics.median(setups)}
 
 
+def default_warmup(backend: str, device: torch.device) -> int:
+    """Prefill calls before timing: a graph backend runs a length eagerly until its ``capture_at``-th
+    call, captures it then; one replay more. Other backends: one call (compiles the kernels)."""
+    if "graph" in backend:
+        return tuning.settings("fused_prefill", device)["capture_at"] + 1
+    return 1
+
+
 @torch.no_grad()
 def time_prefill(
-    model: HybridLM, impl: str, tokens: int, batch: int = 1, repeats: int = 5, warmup: int = 1
+    model: HybridLM, impl: str, tokens: int, batch: int = 1, repeats: int = 5, warmup: int | None = None
 ) -> PrefillResult:
-    """Median milliseconds to prefill ``tokens`` tokens into an empty cache (last logits only)."""
+    """Median milliseconds to prefill ``tokens`` tokens into an empty cache (last logits only), after
+    ``warmup`` calls (default :func:`default_warmup`: a graph backend's capture is not a timed run;
+    the first call of a new decoder, compiles and capture included, is ``first_call_ms``)."""
     res = PrefillResult(model.cfg.name, impl, batch, tokens)
+    warmup = default_warmup(impl, model.device) if warmup is None else warmup
     try:
         runner = make_runner(model, impl, batch, tokens + 1)
         ids = _prompt(model, batch, tokens)

@@ -48,10 +48,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from .. import tuning
 from ..config import PRESETS
 from ..model import HybridLM, build
-from .decode import _error, _prompt, make_runner
+from .decode import _error, _prompt, default_warmup, make_runner
 from .ops import rel_err
 from .results import DATA_DIR
 
@@ -145,14 +144,6 @@ def summarize(prof, row: ProfiledPrefill) -> None:
         f["count"] += r.count
         f["device_ms"] += r.device_ms
     row.families = dict(sorted(fams.items(), key=lambda kv: -kv[1]["device_ms"]))
-
-
-def default_warmup(backend: str, device: torch.device) -> int:
-    """Calls before timing: a graph backend runs a length eagerly until its ``capture_at``-th call,
-    captures it then; one replay more. Other backends: one call (compiles the kernels)."""
-    if "graph" in backend:
-        return tuning.settings("fused_prefill", device)["capture_at"] + 1
-    return 1
 
 
 def profile_prefill(model: HybridLM, backend: str, ids: torch.Tensor, warmup: int, repeats: int,
