@@ -16,16 +16,17 @@ from labkit.lab.notebooks import committed_results
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data" / "bench"
 H200 = "nvidia-h200"
+H100 = "nvidia-h100-80gb-hbm3"
 
-# Clashes left for the notebooks that write them to resolve: notebooks 01 (baseline-decode.json) and 02
-# (fused-ladder.json) each time the reference rung at 128 + 32 tokens in their own run, and the host-bound
-# reference moves between runs (up to 2x). Both notebooks are to read the reference rungs from ladder.json
-# (labkit.lab.ladder.figure) and stop writing their own; then this list empties. Listed exactly: a new clash
-# fails, and so does an entry that no longer clashes.
+# Clashes left for the notebooks that write them to resolve, on each GPU both ran on: notebooks 01
+# (baseline-decode.json) and 02 (fused-ladder.json) each time the reference rung at 128 + 32 tokens in their
+# own run, and the host-bound reference moves between runs (up to 2x). Both notebooks are to read the
+# reference rungs from ladder.json (labkit.lab.ladder.figure) and stop writing their own; then this list
+# empties. Listed exactly: a new clash fails, and so does an entry that no longer clashes.
 KNOWN_CLASHES = {
-    (H200, "decode", model, "reference", "n/a", batch, 128, 32): ["data/bench/nvidia-h200/baseline-decode.json",
-                                                               "data/bench/nvidia-h200/fused-ladder.json"]
-    for model in ("lfm2-350m", "qwen3.5-0.8b") for batch in (1, 16)
+    (gpu, "decode", model, "reference", "n/a", batch, 128, 32): [f"data/bench/{gpu}/baseline-decode.json",
+                                                              f"data/bench/{gpu}/fused-ladder.json"]
+    for gpu in (H200, H100) for model in ("lfm2-350m", "qwen3.5-0.8b") for batch in (1, 16)
 }
 
 
