@@ -195,6 +195,55 @@ def test_x_stored_in_the_input_dtype(dtype, device, monkeypatch):
         assert torch.equal(o, o32) and torch.equal(s, s32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_inverse_in_tf32(dtype, device, monkeypatch):
+    """The triangular inverse's block products in TF32 (inverse_tf32, the default) against full
+    float32: packed odd lengths (a chunk of 70 = 64 + 6 rows: all six off-diagonal blocks), grouped
+    heads, every buffer poisoned. bf16: both within the recurrence's bound (on a GPU the TF32 form
+    rounds the products' operands; the interpreter multiplies in float32 either way); float32 inputs
+    keep the full-float32 inverse, bit for bit. The single-chunk kernel takes the flag too."""
+    lengths = [70, 1, 0, 33, 129]
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=49, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(50)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    poison_empty(monkeypatch, cdr)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
+    runs = [_run(q, k, v, g, beta, state, cu_seqlens=cu, inverse_tf32=flag) for flag in (True, False)]
+    for out, final in runs:
+        assert rel_err(out, o_ref) < BOUND[dtype]
+        assert rel_err(final, s_ref) < BOUND[dtype]
+    short = [64, 7, 33]
+    q, k, v, g, beta, _ = _inputs(1, sum(short), 1, 3, 20, 24, seed=51, dtype=dtype, device=device)
+    state = torch.randn(len(short), 3, 20, 24, generator=torch.Generator().manual_seed(52)).to(device)
+    cu = torch.tensor([0] + short, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, short)
+    single = [_run(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=True, inverse_tf32=flag) for flag in (True, False)]
+    for out, final in single:
+        assert rel_err(out, o_ref) < BOUND[dtype]
+        assert rel_err(final, s_ref) < BOUND[dtype]
+    if dtype == torch.float32:
+        for (o, s), (o32, s32) in (runs, single):
+            assert torch.equal(o, o32) and torch.equal(s, s32)
+
+
+def test_the_tf32_inverse_on_repeated_keys(device):
+    """bf16 inputs whose every chunk repeats one key (beta 0.99, no decay): the triangular systems
+    furthest from the identity. Their error comes from the bf16 products (here within the random
+    inputs' bound; past it at K = V = 128, tests/gpu), with the full-float32 inverse too; the TF32
+    inverse (operands cut to 10 bits in the interpreter, at most as exact as the GPU's) adds at most
+    a quarter to it, and does change the result."""
+    q, k, v, g, beta, state = _inputs(1, 192, 1, 1, 64, 64, seed=53, dtype=torch.bfloat16, device=device)
+    k = k[:, ::64].repeat_interleave(64, dim=1).contiguous()
+    g = torch.zeros_like(g)
+    beta = torch.full_like(beta, 0.99)
+    o_ref, s_ref = delta_rule_recurrent_ref(q, k, v, g, beta, state)
+    (o, s), (o32, s32) = [_run(q, k, v, g, beta, state, inverse_tf32=flag) for flag in (True, False)]
+    errors = {"o": rel_err(o, o_ref), "s": rel_err(s, s_ref), "o32": rel_err(o32, o_ref), "s32": rel_err(s32, s_ref)}
+    assert max(errors.values()) < 5 * BOUND[torch.bfloat16], errors
+    assert errors["o"] <= 1.25 * errors["o32"] and errors["s"] <= 1.25 * errors["s32"], errors
+    assert not torch.equal(o, o32)
+
+
 def test_bad_settings_are_refused(device):
     q, k, v, g, beta, state = _inputs(1, 8, 1, 1, 16, 16, seed=1, device=device)
     a = (q, k, v, g, beta, state)
@@ -205,7 +254,8 @@ def test_bad_settings_are_refused(device):
                                ("num_warps", None, "num_warps must be a power of two >= 1, got None"),
                                ("num_stages", 0, "num_stages must be a number of stages >= 1, got 0"),
                                ("products_together", 1, "products_together must be True or False, got 1"),
-                               ("x_in_input_dtype", "yes", "x_in_input_dtype must be True or False, got 'yes'")]:
+                               ("x_in_input_dtype", "yes", "x_in_input_dtype must be True or False, got 'yes'"),
+                               ("inverse_tf32", None, "inverse_tf32 must be True or False, got None")]:
         with pytest.raises(ValueError, match=match):
             chunk_delta_rule(*a, **{name: value})
     with pytest.raises(TypeError, match="prepare"):  # the forms that measured slower are gone

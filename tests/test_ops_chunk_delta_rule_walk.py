@@ -168,4 +168,5 @@ def test_the_benchmark_variants_name_real_settings():
     named = [kw for kw in VARIANTS.values() if kw is not None]  # None: the GPU's tuning file ("file")
     assert [name for name, kw in VARIANTS.items() if kw is None] == ["file"]
     assert all(set(kw) <= known for kw in named)
-    assert {"walk_programs_per_sm", "walk_blocks_first", "x_in_input_dtype"} <= {name for kw in named for name in kw}
+    assert {"walk_programs_per_sm", "walk_blocks_first", "x_in_input_dtype", "inverse_tf32"} <= {
+        name for kw in named for name in kw}

@@ -104,6 +104,9 @@ VARIANTS = {
     # the outputs at 8 warps (fla's chunk_fwd_o has 128 x 128 tiles at 8 warps among its autotuned
     # configurations): 126 registers, 2 programs of 8 warps per SM instead of 3 of 4
     "tuned+output-w8": dict(num_stages=3, output_block_v=128, output_warps=8),
+    # the inverse's block products in full float32, as before 2026-12-06 (labkit.ops.chunk_delta_rule.
+    # INVERSE_TF32: since then TF32 on tensor cores for 16-bit inputs, as fla's solve)
+    "tuned+inverse-ieee": dict(num_stages=3, output_block_v=128, inverse_tf32=False),
     "tuned+candidates": dict(num_stages=3, output_block_v=128, products_together=True, prepare_warps=2,
                              products_warps=4, output_warps=8),
 }

@@ -95,7 +95,9 @@ float32, and the model at its own layout, passed; the cause was not found before
 time ran out).
 
 Precision, as in fla's chunk kernels: the state, gates, cumulative decays, accumulators and the
-triangular inverse are float32 (the inverse with full-float32 "ieee" dots). Every other product
+triangular inverse are float32 (the diagonal blocks' substitution in float32 FMAs; the six
+off-diagonal block products in TF32 on tensor cores for 16-bit inputs, as fla's solve takes them,
+and in full float32 for float32 inputs: ``inverse_tf32``). Every other product
 takes its operands in the input dtype (bf16 tensor-core products on a GPU), so the state and the
 deltas are rounded to bf16 where they enter a product, never where they are kept; X, W, U0 and
 the chunk start states are stored in the input dtype (X, as fla stores its inverse, then scaled
@@ -142,7 +144,16 @@ data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-x-bf16.json) the products took 28.7
 us against 33.6 / 136.6 / 137.8 with float32 X, the solve 40.3 / 158.8 / 160.7 against 39.7 /
 154.2 / 155.0, and the call 0.181 / 0.673 / 0.602 ms against 0.184 / 0.684 / 0.611: level with
 fla at 4,096 tokens (0.181), ahead at 16,384 (0.689), 7% behind packed (0.562), where fla's
-solve (108 us) is what we lack.
+solve (108 us) is what we lack. That was the precision, not the form: fla takes the inverse's
+block products in TF32. With them in TF32 too (``INVERSE_TF32``, the default since 2026-12-06) the
+solve compiles to 108 registers at 4 warps instead of 217 and took 99.0 / 101.8 us at 16,384 /
+8 x 2,048 tokens against 159.7 / 161.5 in full float32 (fla 109.3 / 108.4), and the call 0.175 /
+0.631 / 0.547 ms at 4,096 / 16,384 / 8 x 2,048 against 0.199 / 0.691 / 0.600 (fla 0.187 / 0.708 /
+0.565): ahead of fla at every length and packed (H100, fla in the same
+run: python -m labkit bench gdn-prefill --lengths 4096 16384 --packed 8 2048 --reps 10 --profile 3
+--variants file tuned+inverse-ieee, data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-chunk.json). The
+error against fla was 4.4e-3 with either inverse, and Qwen3.5-0.8B's 4,096-token prefill stayed
+as close to float32 (0.0980 against 0.0988 before; prefill-profile.json's check).
 """
 
 from __future__ import annotations
@@ -205,6 +216,10 @@ PRODUCTS_TOGETHER = True
 # stores its inverse), into its own buffer; L stays parked in float32. Half of X's bytes for the
 # solve to write and the products to read. Measured: see the module docstring's last paragraph.
 X_IN_INPUT_DTYPE = True
+# The inverse's six off-diagonal block products ((I + L)^-1 by blocks: X_ij = -X_ii sum L_im X_mj)
+# in TF32 on tensor cores for 16-bit inputs, as fla's solve takes them, instead of full-float32
+# FMAs. The diagonal blocks' substitution stays float32 either way. Measured: the module docstring.
+INVERSE_TF32 = True
 OUTPUT_BLOCK_V = 64  # value columns per program of the outputs (each re-forms its chunk's P)
 OUTPUT_WARPS = 4
 # The single-chunk kernel's value columns per program and warps. 32 columns (4 programs a head, each
@@ -231,9 +246,24 @@ def _mm(a, b, DT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexp
 
 
 @device_function
-def _mm32(a, b):
-    """a @ b of float32 operands in full float32 ("ieee", CUDA-core FMAs): the triangular inverse."""
-    return tl.dot(a, b, input_precision="ieee")
+def _tf32_truncated(x):
+    """float32 x with its mantissa cut to TF32's 10 bits (toward zero): the interpreter's stand-in
+    for a TF32 operand, at most as exact as the GPU's rounding of it."""
+    return (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@device_function
+def _mm32(a, b, TF32: tl.constexpr, EMULATE: tl.constexpr):
+    """a @ b of float32 operands, for the triangular inverse: in full float32 ("ieee", CUDA-core
+    FMAs), or with TF32 on tensor cores (operands with 10 mantissa bits, as fla's solve takes
+    them; float32 accumulation). The interpreter multiplies in float32 whatever the precision asked,
+    so there (EMULATE) the TF32 operands are cut to 10 bits first."""
+    if TF32 and EMULATE:
+        return tl.dot(_tf32_truncated(a), _tf32_truncated(b), input_precision="ieee")
+    elif TF32:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="ieee")
 
 
 @device_function
@@ -356,7 +386,8 @@ def _solve_rows_full(out_at, out_stride, x_at, x_stride, D, BLOCK_D: tl.constexp
 @device_function
 def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, hv,
                  HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SUB: tl.constexpr, XDT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+                 SUB: tl.constexpr, XDT: tl.constexpr, INV_TF32: tl.constexpr, DOT_F32: tl.constexpr,
+                 EMULATE_RTNE: tl.constexpr):
     """G (stored) and X = (I + L)^-1 of the chunk of n tokens from t0, value head hv, stored in XDT
     as xo[t0 + row, hv, column] (rows past n are not written; nor are X's zero blocks above the
     diagonal, unless xo is x, where they are L's own zeros: a reader of a separate xo masks them).
@@ -391,12 +422,14 @@ def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, hv,
     L30 = _tile(x_at, r3, m3, HV * C, r0, full)
     L31 = _tile(x_at, r3, m3, HV * C, r1, full)
     L32 = _tile(x_at, r3, m3, HV * C, r2, full)
-    X10 = -_mm32(X11, _mm32(L10, X00))
-    X21 = -_mm32(X22, _mm32(L21, X11))
-    X32 = -_mm32(X33, _mm32(L32, X22))
-    X20 = -_mm32(X22, _mm32(L20, X00) + _mm32(L21, X10))
-    X31 = -_mm32(X33, _mm32(L31, X11) + _mm32(L32, X21))
-    X30 = -_mm32(X33, _mm32(L30, X00) + _mm32(L31, X10) + _mm32(L32, X20))
+    TF: tl.constexpr = INV_TF32
+    EM: tl.constexpr = EMULATE_RTNE  # the interpreter
+    X10 = -_mm32(X11, _mm32(L10, X00, TF, EM), TF, EM)
+    X21 = -_mm32(X22, _mm32(L21, X11, TF, EM), TF, EM)
+    X32 = -_mm32(X33, _mm32(L32, X22, TF, EM), TF, EM)
+    X20 = -_mm32(X22, _mm32(L20, X00, TF, EM) + _mm32(L21, X10, TF, EM), TF, EM)
+    X31 = -_mm32(X33, _mm32(L31, X11, TF, EM) + _mm32(L32, X21, TF, EM), TF, EM)
+    X30 = -_mm32(X33, _mm32(L30, X00, TF, EM) + _mm32(L31, X10, TF, EM) + _mm32(L32, X20, TF, EM), TF, EM)
     tl.debug_barrier()
     xo_at = _at(xo_ptr, t0, HV, hv, C)
     _store_tile(xo_at, r0, m0, HV * C, r0, full, X00, XDT, EMULATE_RTNE)
@@ -415,7 +448,7 @@ def _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, hv,
 def _solve_kernel(
     k_ptr, g_ptr, beta_ptr, cu_ptr, x_ptr, xo_ptr, gcum_ptr, num_seqs,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    SUB: tl.constexpr, XDT: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    SUB: tl.constexpr, XDT: tl.constexpr, INV_TF32: tl.constexpr, DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (chunk slots, HV): G and X of one chunk of one value head (L parked in x, X stored in
     XDT to xo)."""
@@ -425,7 +458,7 @@ def _solve_kernel(
     n = tl.minimum(eos - t0, C)  # tokens in this chunk; <= 0 for slots past the last chunk
     if n > 0:
         _solve_chunk(k_ptr, g_ptr, beta_ptr, x_ptr, xo_ptr, gcum_ptr, t0, n, tl.program_id(1),
-                     HK, HV, DK, BLOCK_K, SUB, XDT, DOT_F32, EMULATE_RTNE)
+                     HK, HV, DK, BLOCK_K, SUB, XDT, INV_TF32, DOT_F32, EMULATE_RTNE)
 
 
 @device_function
@@ -612,8 +645,8 @@ def _single_chunk_kernel(
     num_seqs, tokens, ckpt_every, ckpt_rows, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
-    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr, DT: tl.constexpr, DOT_F32: tl.constexpr,
-    EMULATE_RTNE: tl.constexpr,
+    HAS_INIT: tl.constexpr, CHECKPOINTS: tl.constexpr, DT: tl.constexpr, INV_TF32: tl.constexpr,
+    DOT_F32: tl.constexpr, EMULATE_RTNE: tl.constexpr,
 ):
     """Grid (sequences, HV, value blocks), every sequence at most one chunk (n <= C = 64 tokens):
     the prepare, the walk and the outputs of the module docstring in one program, for value
@@ -642,7 +675,7 @@ def _single_chunk_kernel(
     gcum_at = gcum_ptr + scratch
     if n > 0:
         _solve_chunk(k_ptr, g_ptr, beta_ptr, x_at, x_at, gcum_at, bos, n, hv, HK, HV, DK, BLOCK_K, SUB,
-                     tl.float32, DOT_F32, EMULATE_RTNE)
+                     tl.float32, INV_TF32, DOT_F32, EMULATE_RTNE)
     tl.debug_barrier()  # every thread's X (and G) stored before any thread reads them whole
     # S0 is read after the solve (its registers are not held through it), first rounded to DT for
     # the two products that take it, and again in float32 for the final state.
@@ -763,7 +796,7 @@ def use_single_chunk(lengths: Sequence[int] | None, num_seqs: int, num_v_heads: 
 
 
 def _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints, checkpoint_every,
-                  N: int, block_v: int, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  N: int, block_v: int, warps: int, inv_tf32: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """chunk_delta_rule through ``_single_chunk_kernel`` (inputs and settings already checked):
     every sequence at most CHUNK tokens long."""
     B, T, Hk, K = q.shape
@@ -780,7 +813,7 @@ def _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state,
         N, total, checkpoint_every or CHUNK, 0 if checkpoints is None else checkpoints.shape[0], K**-0.5,
         HK=Hk, HV=Hv, DK=K, DV=V, BLOCK_K=max(16, next_pow2(K)), BLOCK_V=block_v, BLOCK_N=next_pow2(N), SUB=SUB,
         HAS_INIT=initial_state is not None, CHECKPOINTS=checkpoints is not None, DT=TORCH_TO_TL[q.dtype],
-        **interpreter_flags(q.dtype), num_warps=warps,
+        INV_TF32=inv_tf32, **interpreter_flags(q.dtype), num_warps=warps,
     )
     return out, final_state
 
@@ -835,6 +868,7 @@ def chunk_delta_rule(
     walk_blocks_first: bool = WALK_BLOCKS_FIRST,
     products_together: bool = PRODUCTS_TOGETHER,
     x_in_input_dtype: bool = X_IN_INPUT_DTYPE,
+    inverse_tf32: bool = INVERSE_TF32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over whole sequences: returns (o [B, T, Hv, V] in q's dtype, the final
     state [N, Hv, K, V] float32), the function of :func:`labkit.ops.delta_rule.delta_rule_recurrent_ref`,
@@ -882,6 +916,9 @@ def chunk_delta_rule(
         x_in_input_dtype (``X_IN_INPUT_DTYPE``): the solve stores X in the inputs' dtype (bf16 or
         fp16: half the bytes for the products to read; X is rounded there, as fla rounds its
         inverse) instead of float32 over L; float32 inputs keep float32 X either way.
+        inverse_tf32 (``INVERSE_TF32``): the triangular inverse's block products on tensor cores in
+        TF32 (as fla's solve) instead of full float32, for bf16 or fp16 inputs (X is then rounded
+        to their dtype anyway); float32 inputs keep full float32.
     The defaults compile for K = V = 128 without spills on sm_90 (python -m
     labkit.lab.compile_check_prefill).
 
@@ -967,15 +1004,16 @@ def chunk_delta_rule(
     if not isinstance(walk_programs_per_sm, int) or isinstance(walk_programs_per_sm, bool) or walk_programs_per_sm < 0:
         raise ValueError(f"walk_programs_per_sm must be an integer >= 0 (0: never widen), got {walk_programs_per_sm!r}")
     for name, flag in (("walk_blocks_first", walk_blocks_first), ("products_together", products_together),
-                       ("x_in_input_dtype", x_in_input_dtype)):
+                       ("x_in_input_dtype", x_in_input_dtype), ("inverse_tf32", inverse_tf32)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     block_v = _checked_block_v("block_v", block_v, prefill_block_v(V), V)
     output_block_v = _checked_block_v("output_block_v", output_block_v, OUTPUT_BLOCK_V, V)
     single_block_v = _checked_block_v("single_block_v", single_block_v, SINGLE_BLOCK_V, V)
+    inv_tf32 = inverse_tf32 and dtype != torch.float32
     if single_chunk or (single_chunk is None and use_single_chunk(lengths, N, Hv, B * T)):
         return _single_chunk(q, k, v, g, beta, initial_state, cu_seqlens, out, final_state, checkpoints,
-                             checkpoint_every, N, single_block_v, single_warps)
+                             checkpoint_every, N, single_block_v, single_warps, inv_tf32)
 
     device = q.device
     total = B * T
@@ -996,7 +1034,7 @@ def chunk_delta_rule(
     xo = torch.empty(total, Hv, CHUNK, dtype=dtype, device=device) if x_in_input_dtype and dtype != torch.float32 else x
     _solve_kernel[(chunk_slots, Hv)](
         k, g, beta, cu_seqlens, x, xo, gcum, N, HK=Hk, HV=Hv, DK=K, BLOCK_K=block_k, BLOCK_N=block_n, SUB=SUB,
-        XDT=TORCH_TO_TL[xo.dtype], **flags, num_warps=prepare_warps,
+        XDT=TORCH_TO_TL[xo.dtype], INV_TF32=inv_tf32, **flags, num_warps=prepare_warps,
     )
     w = torch.empty(total, Hv, K, dtype=dtype, device=device)
     u = torch.empty(total, Hv, V, dtype=dtype, device=device)
