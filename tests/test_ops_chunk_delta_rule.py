@@ -47,6 +47,15 @@ def _run(q, k, v, g, beta, state, **kw):
     return o, s
 
 
+def _packed(lengths, Hv, K, V, seed, dtype, device):
+    """Inputs of packed sequences (one key head, Hv value heads), their initial states and
+    cu_seqlens."""
+    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, Hv, K, V, seed=seed, dtype=dtype, device=device)
+    state = torch.randn(len(lengths), Hv, K, V, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    return q, k, v, g, beta, state, cu
+
+
 def _ref_packed(q, k, v, g, beta, state, lengths):
     """The recurrence run on each packed sequence alone: (o [1, T, Hv, V], final states [N, ...])."""
     outs, finals, t = [], [], 0
@@ -112,9 +121,7 @@ def test_packed_partial_chunks_with_other_settings(dtype, device):
     head dims, an initial state; every launch setting away from its default (narrower blocks, fewer
     warps, one pipeline stage): the settings change the blocking, never the result."""
     lengths = [70, 1, 0, 33]
-    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 2, 16, 24, seed=41, dtype=dtype, device=device)
-    state = torch.randn(len(lengths), 2, 16, 24, generator=torch.Generator().manual_seed(42)).to(device)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    q, k, v, g, beta, state, cu = _packed(lengths, 2, 16, 24, 41, dtype, device)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
     o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, block_v=16, num_warps=2, num_stages=1,
                 prepare_warps=2, products_warps=2, output_block_v=16, output_warps=2)
@@ -156,9 +163,7 @@ def test_products_together(dtype, device, monkeypatch):
     same sums in the same order as one program each: the results equal the default's bit for bit,
     and the recurrence's within the bound; the launch had one program per chunk slot and head."""
     lengths = [70, 1, 0, 33, 129]
-    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=45, dtype=dtype, device=device)
-    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(46)).to(device)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    q, k, v, g, beta, state, cu = _packed(lengths, 3, 20, 24, 45, dtype, device)
     poison_empty(monkeypatch, cdr)
     spy = ProductsSpy(cdr._products_kernel)
     monkeypatch.setattr(cdr, "_products_kernel", spy)
@@ -181,9 +186,7 @@ def test_x_stored_in_the_input_dtype(dtype, device, monkeypatch):
     U0 pick up NaN). bf16: both within the recurrence's bound; float32 inputs keep float32 X, bit
     for bit."""
     lengths = [70, 1, 0, 33, 129]
-    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=47, dtype=dtype, device=device)
-    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(48)).to(device)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    q, k, v, g, beta, state, cu = _packed(lengths, 3, 20, 24, 47, dtype, device)
     poison_empty(monkeypatch, cdr)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
     o, s = _run(q, k, v, g, beta, state, cu_seqlens=cu, x_in_input_dtype=True)
@@ -199,13 +202,11 @@ def test_x_stored_in_the_input_dtype(dtype, device, monkeypatch):
 def test_the_inverse_in_tf32(dtype, device, monkeypatch):
     """The triangular inverse's block products in TF32 (inverse_tf32, the default) against full
     float32: packed odd lengths (a chunk of 70 = 64 + 6 rows: all six off-diagonal blocks), grouped
-    heads, every buffer poisoned. bf16: both within the recurrence's bound (on a GPU the TF32 form
-    rounds the products' operands; the interpreter multiplies in float32 either way); float32 inputs
-    keep the full-float32 inverse, bit for bit. The single-chunk kernel takes the flag too."""
+    heads, every buffer poisoned. bf16: both within the recurrence's bound (the TF32 operands cut to
+    10 bits in the interpreter); float32 inputs keep the full-float32 inverse, bit for bit. The
+    single-chunk kernel takes the flag too."""
     lengths = [70, 1, 0, 33, 129]
-    q, k, v, g, beta, _ = _inputs(1, sum(lengths), 1, 3, 20, 24, seed=49, dtype=dtype, device=device)
-    state = torch.randn(len(lengths), 3, 20, 24, generator=torch.Generator().manual_seed(50)).to(device)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    q, k, v, g, beta, state, cu = _packed(lengths, 3, 20, 24, 49, dtype, device)
     poison_empty(monkeypatch, cdr)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, lengths)
     runs = [_run(q, k, v, g, beta, state, cu_seqlens=cu, inverse_tf32=flag) for flag in (True, False)]
@@ -213,9 +214,7 @@ def test_the_inverse_in_tf32(dtype, device, monkeypatch):
         assert rel_err(out, o_ref) < BOUND[dtype]
         assert rel_err(final, s_ref) < BOUND[dtype]
     short = [64, 7, 33]
-    q, k, v, g, beta, _ = _inputs(1, sum(short), 1, 3, 20, 24, seed=51, dtype=dtype, device=device)
-    state = torch.randn(len(short), 3, 20, 24, generator=torch.Generator().manual_seed(52)).to(device)
-    cu = torch.tensor([0] + short, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    q, k, v, g, beta, state, cu = _packed(short, 3, 20, 24, 51, dtype, device)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, short)
     single = [_run(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=True, inverse_tf32=flag) for flag in (True, False)]
     for out, final in single:
