@@ -84,6 +84,8 @@ VARIANTS = {
     "single-chunk+bv32+w2": dict(single_chunk=True, single_block_v=32, single_warps=2),
     "single-chunk+bv16+w2": dict(single_chunk=True, single_block_v=16, single_warps=2),
     "single-chunk+bv64+w8": dict(single_chunk=True, single_block_v=64, single_warps=8),
+    # the single-chunk kernel's inverse in full float32, as before INVERSE_TF32 (against "single-chunk")
+    "single-chunk+inverse-ieee": dict(single_chunk=True, inverse_tf32=False),
     # Candidates for the packed gap to fla (8 x 2,048 tokens: 0.523 against 0.466 ms), on the H200
     # file's settings; registers and shared memory from python -m labkit.lab.compile_check_prefill
     # (sm_90). Profiled once on an H100 (2026-12-05, --profile 3, the JSON lost to the call's time
