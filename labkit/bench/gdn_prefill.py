@@ -91,8 +91,10 @@ VARIANTS = {
     # (sm_90). Profiled once on an H100 (2026-12-05, --profile 3, the JSON lost to the call's time
     # limit): tuned 0.629 ms (solve 157, products 152, walk 163, outputs 152 us) against fla's 0.557
     # (110, 111, 151, 168); products together 0.623, the solve at 2 warps 0.626, outputs at 8 warps
-    # 0.653, all three 0.640: the gap is in the solve and the products, and none of these closes it. W and U0 by one program per chunk, which reads X once: X (float32, 64 MB at 16,384
-    # tokens x 16 heads) is read from memory once instead of twice (142 registers, 3 programs per SM).
+    # 0.653, all three 0.640: the gap is in the solve and the products, and none of these closes it (the
+    # inverse's block products in TF32 did, 2026-12-06: tuned+inverse-ieee below). W and U0 by one program
+    # per chunk, which reads X once: X (float32, 64 MB at 16,384 tokens x 16 heads) is read from memory
+    # once instead of twice (142 registers, 3 programs per SM).
     # (products together became the default on 2026-12-06: labkit.ops.chunk_delta_rule.PRODUCTS_TOGETHER;
     # the solve with L in registers, timed by the variants tuned+registers* of commit 61db211, was slower)
     "tuned+products-together": dict(num_stages=3, output_block_v=128, products_together=True),
