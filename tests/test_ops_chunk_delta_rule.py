@@ -216,7 +216,8 @@ def test_the_inverse_in_tf32(dtype, device, monkeypatch):
     short = [64, 7, 33]
     q, k, v, g, beta, state, cu = _packed(short, 3, 20, 24, 51, dtype, device)
     o_ref, s_ref = _ref_packed(q, k, v, g, beta, state, short)
-    single = [_run(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=True, inverse_tf32=flag) for flag in (True, False)]
+    single = [_run(q, k, v, g, beta, state, cu_seqlens=cu, single_chunk=True, inverse_tf32=flag)
+              for flag in (True, False)]
     for out, final in single:
         assert rel_err(out, o_ref) < BOUND[dtype]
         assert rel_err(final, s_ref) < BOUND[dtype]

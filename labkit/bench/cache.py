@@ -184,7 +184,8 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
         row.ttft_nocache_ms = _ms(statistics.median(plain[1:]))
         row.ttft_miss_ms, row.ttft_first_hit_ms = _ms(times[0]), _ms(times[1])
         row.ttft_hit_ms = _ms(statistics.median(times[2:]))
-        row.setup_nocache_ms, row.setup_hit_ms = _ms(statistics.median(setups[1:])), _ms(statistics.median(hit_setups[2:]))
+        row.setup_nocache_ms = _ms(statistics.median(setups[1:]))
+        row.setup_hit_ms = _ms(statistics.median(hit_setups[2:]))
         row.speedup = row.ttft_nocache_ms / row.ttft_hit_ms
         row.snapshots, row.snapshot_bytes = len(pc), pc.nbytes
         fresh = PrefixCache(model, block_size, budget)
@@ -316,7 +317,8 @@ def print_row(r) -> None:
               f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
               f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); "
               f"steady miss {r.ttft_miss_steady_ms:.2f} ms ({r.miss_over_nocache:.2f}x no cache); warm-up {r.warm_up_ms:.0f} ms; "
-              f"generate's set-up before the timing {r.setup_nocache_ms:.2f} ms without the cache, {r.setup_hit_ms:.2f} on hits; "
+              f"generate's set-up before the timing {r.setup_nocache_ms:.2f} ms without the cache, "
+              f"{r.setup_hit_ms:.2f} on hits; "
               f"mismatches {r.mismatches}/{r.hits} hits; "
               f"logits vs one-shot: hit {r.logit_err_hit:.1e}, split prefill without cache {r.logit_err_split:.1e}")
     elif isinstance(r, WorkloadRow):

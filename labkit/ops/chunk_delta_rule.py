@@ -149,9 +149,9 @@ block products in TF32. With them in TF32 too (``INVERSE_TF32``, the default sin
 solve compiles to 108 registers at 4 warps instead of 217 and took 99.0 / 101.8 us at 16,384 /
 8 x 2,048 tokens against 159.7 / 161.5 in full float32 (fla 109.3 / 108.4), and the call 0.175 /
 0.631 / 0.547 ms at 4,096 / 16,384 / 8 x 2,048 against 0.199 / 0.691 / 0.600 (fla 0.187 / 0.708 /
-0.565): ahead of fla at every length and packed (H100, fla in the same
-run: python -m labkit bench gdn-prefill --lengths 4096 16384 --packed 8 2048 --reps 10 --profile 3
---variants file tuned+inverse-ieee, data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-chunk.json). The
+0.565): ahead of fla at every length and packed (H100, fla in the same run: python -m labkit
+bench gdn-prefill --lengths 4096 16384 --packed 8 2048 --reps 10 --profile 3 --variants file
+tuned+inverse-ieee, data/bench/nvidia-h100-80gb-hbm3/gdn-prefill-chunk.json). The
 error against fla was 4.4e-3 with either inverse, and Qwen3.5-0.8B's 4,096-token prefill stayed
 as close to float32 (0.0980 against 0.0988 before; prefill-profile.json's check).
 """
