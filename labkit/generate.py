@@ -166,7 +166,8 @@ def generate(
     keep their decoder and a cache on the model and reuse them in later calls with the same batch
     and cache bucket (:func:`labkit.decode.registry.leased_decoder`: lent to one call at a time, so
     concurrent calls from threads each get their own); others get a fresh cache, just large enough.
-    A given cache is reset first, and a decoder attached to it is reused.
+    A given cache is reset first (its lengths and states; its keys and values are overwritten by the
+    prefill before they are read), and a decoder attached to it is reused.
     """
     stop_tokens = _check_arguments(model, input_ids, max_new_tokens, backend, temperature, top_k, top_p, seed,
                                    stop_tokens, cache, pad_token_id, progress, prefix_cache)
@@ -193,7 +194,7 @@ def generate(
         if cache is None:
             decoder, cache = lease.enter_context(leased_decoder(backend, model, B, T + max_new_tokens, zero=zero))
         else:
-            cache.reset(zero=zero)
+            cache.reset(zero=zero, keys_values=False)  # the prefill writes the keys and values it reads
             cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
             decoder = make_decoder(backend, model, cache)
         _sync(model.device)

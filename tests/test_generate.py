@@ -62,3 +62,30 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
     assert torch.equal(sample(logits, SamplingParams(1.0, top_p=1e-6), gen), logits.argmax(-1))
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fused"])
+def test_stale_keys_and_values_are_never_read(backend):
+    """generate resets a reused cache's states and lengths, not its keys and values (the prefill
+    writes them before attention reads them): NaN left in every key and value of the cache, pooled
+    or given, must not reach the tokens of the next prompt (batch 3, a shorter prompt than before)."""
+    from labkit.decode.registry import leased_decoder
+
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=5)  # attention and conv layers
+    first, prompt = (torch.randint(0, model.cfg.vocab_size, (3, n), generator=torch.Generator().manual_seed(n))
+                     for n in (11, 7))
+    want = labkit.generate(model, prompt, 3, backend=backend, cache=model.new_cache(3, 10)).tokens
+
+    def poison(cache):
+        for t in (*cache.keys.values(), *cache.values.values()):
+            t.fill_(float("nan"))
+
+    given = model.new_cache(3, 14)
+    labkit.generate(model, first, 3, backend=backend, cache=given)
+    poison(given)
+    assert torch.equal(labkit.generate(model, prompt, 3, backend=backend, cache=given).tokens, want)
+    assert all(t.isnan().any() for t in given.keys.values())  # what was not overwritten stayed NaN
+    labkit.generate(model, first, 3, backend=backend)  # a pooled backend keeps its cache for the next call
+    with leased_decoder(backend, model, 3, 10) as (_, pooled):
+        poison(pooled)
+    assert torch.equal(labkit.generate(model, prompt, 3, backend=backend).tokens, want)
