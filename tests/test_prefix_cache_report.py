@@ -40,6 +40,10 @@ def test_miss_overhead_uses_rows_that_restored_nothing():
     assert set(out) == {"unrelated"}  # the shared-prefix row hit: not a miss
     assert out["unrelated"]["ratio_min"] == pytest.approx(2.0) and out["unrelated"]["ratio_max"] == pytest.approx(3.0)
     assert out["unrelated"]["nocache_ms"] == 30.0
+    # a row with its requests' own ratios gives their median, not the ratio of its two medians
+    rows[0]["ttft_ratio_median"] = 1.04
+    assert pcr.miss_overhead(rows)["unrelated"]["ratio_min"] == pytest.approx(1.04)
+    assert pcr.miss_overhead(rows)["unrelated"]["ratio_max"] == pytest.approx(2.0)
 
 
 def test_figures_have_one_panel_per_workload_and_readable_labels():

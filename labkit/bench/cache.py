@@ -93,6 +93,10 @@ class WorkloadRow:
     evictions: int
     mismatches: int  # requests whose greedy tokens differ from the run without a cache
     error: str | None = None
+    # the median over requests of each one's TTFT with the cache over its TTFT without, timed back to back:
+    # what a request pays (or saves) for the cache, free of the drift between the stream's requests that
+    # the ratio of the two medians keeps (each median may come from another request)
+    ttft_ratio_median: float = float("nan")
 
 
 @dataclass
@@ -252,6 +256,7 @@ def run_workload(model: HybridLM, backend: str, name: str, requests: list[wl.Req
                 row.hit_rate = row.restored_tokens / prompt_tokens
                 row.ttft_ms_median, row.ttft_ms_p95 = _ms(statistics.median(times)), _ms(_p95(times))
                 row.ttft_nocache_ms_median = _ms(statistics.median(plain))
+                row.ttft_ratio_median = statistics.median(t / p for t, p in zip(times, plain))
                 row.evictions = pc.evictions
             except Exception as exc:  # noqa: BLE001
                 row.error = f"{type(exc).__name__}: {exc}"

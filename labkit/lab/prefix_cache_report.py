@@ -8,6 +8,7 @@ files; nothing times anything.
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import matplotlib.pyplot as plt
@@ -65,15 +66,19 @@ def miss_overhead(rows: list[dict]) -> dict:
     """TTFT with the cache over TTFT without it, per workload, on the rows that restored nothing
     (every prompt a miss): what storing snapshots costs a request that never gains from them.
 
-    Returns {workload: {"ratio_min", "ratio_max", "ttft_ms", "nocache_ms"}} over those rows (medians of
-    the rows' medians for the two TTFTs); workloads with no such row are absent.
+    A row's ratio is the median of its requests' own ratios (``ttft_ratio_median``: each request
+    timed with and without the cache back to back); rows written before that field existed give the
+    ratio of their two medians. Returns {workload: {"ratio_min", "ratio_max", "ttft_ms",
+    "nocache_ms"}} over those rows (medians of the rows' medians for the two TTFTs); workloads with no
+    such row are absent.
     """
     out = {}
     for name in sorted({r["workload"] for r in rows}):
         misses = [r for r in rows if r["workload"] == name and r["restored_tokens"] == 0]
         if not misses:
             continue
-        ratios = [r["ttft_ms_median"] / r["ttft_nocache_ms_median"] for r in misses]
+        ratios = [r.get("ttft_ratio_median", math.nan) for r in misses]
+        ratios = [p if p == p else r["ttft_ms_median"] / r["ttft_nocache_ms_median"] for p, r in zip(ratios, misses)]
         out[name] = dict(ratio_min=min(ratios), ratio_max=max(ratios),
                          ttft_ms=statistics.median(r["ttft_ms_median"] for r in misses),
                          nocache_ms=statistics.median(r["ttft_nocache_ms_median"] for r in misses))
