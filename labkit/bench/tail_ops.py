@@ -4,11 +4,13 @@ attention after the cached prefix (SDPA's bottom-right causal form, against the 
 :mod:`labkit.ops.tail_attention`).
 
     python -m labkit bench tail-ops --models qwen3.5-0.8b lfm2-350m --rows 16 64 [--sweep] --name tail-ops
-    python -m labkit bench tail-ops --rows --prompt 4096 --name prompt-gate-up
+    python -m labkit bench tail-ops --rows --prompt 4096 1024 512 --name prompt-gate-up --write-tuning
 
 ``--prompt TOKENS`` also times the gate|up of a whole prompt: cuBLAS then the SwiGLU kernel against
 the tiled Triton GEMM with SwiGLU in its epilogue (:mod:`labkit.ops.gemm_swiglu`, pointer and
-persistent TMA forms), at each blocking of :func:`_prompt_configs`, and cuBLAS's GEMM alone.
+persistent TMA forms), at each blocking of :func:`_prompt_configs`, and cuBLAS's GEMM alone;
+``--write-tuning`` writes the winner and the length it pays from as the GPU's ``prompt_gate_up``
+settings (:func:`prompt_gate_up_entry`), which the fused prefill then takes.
 
 Each form runs as a chain over every layer's own weights (random, the preset's shapes: more bytes
 than L2 holds, as in a tail's replay, where each layer reads its weights once) or, for attention,
@@ -23,9 +25,11 @@ reference: ``swiglu_ref(F.linear(x, w))``, :func:`labkit.ops.mixers.attend_ref`.
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -183,6 +187,55 @@ def bench_prompt_gate_up(model: str, tokens: int, copy_bytes_per_s: float) -> Ta
     return row
 
 
+def prompt_gate_up_entry(rows: list[TailOpRow], *, source: str, results: str, date: str) -> dict | None:
+    """The tuning file's ``prompt_gate_up`` entry that ``rows`` (the prompt rows of one run, every
+    model at every length) measure, or None if no blocking ran at every model's longest prompt.
+
+    The blocking: the smallest geometric mean, over the models, of its time at the longest prompt
+    over cuBLAS + SwiGLU's. ``min_rows``: the shortest prompt length from which that blocking beat
+    cuBLAS + SwiGLU for every model at every measured length (0, never, where it lost at the
+    longest): lengths between two measured ones follow the longer, lengths below the shortest
+    measured stay on cuBLAS."""
+    from ..tuning.kernel_settings import SPECS
+
+    rows = [r for r in rows if r.op == "prompt_gate_up" and not r.error]
+    if not rows:
+        return None
+    longest = max(r.rows for r in rows)
+    at = {(r.model, r.rows): r for r in rows}
+    models = sorted({r.model for r in rows})
+
+    def us(model: int, tokens: int, settings: dict) -> float | None:
+        r = at.get((model, tokens))
+        return None if r is None else next((s["us"] for s in r.sweep if s["settings"] == settings and "us" in s), None)
+
+    def ratio(model: str, tokens: int, settings: dict) -> float:
+        t = us(model, tokens, settings)
+        return float("inf") if t is None else t / at[(model, tokens)].baseline_us
+
+    candidates = [s["settings"] for s in at[(models[0], longest)].sweep if "us" in s] if (models[0], longest) in at else []
+    candidates = [c for c in candidates if all(us(m, longest, c) is not None for m in models)]
+    if not candidates:
+        return None
+    geomean = lambda c: math.prod(ratio(m, longest, c) for m in models) ** (1 / len(models))  # noqa: E731
+    best = min(candidates, key=geomean)
+    min_rows = 0
+    for tokens in sorted({r.rows for r in rows}, reverse=True):
+        if any((m, tokens) not in at or ratio(m, tokens, best) >= 1 for m in models):
+            break
+        min_rows = tokens
+    figures = "; ".join(
+        f"{m} at {t:,} rows {us(m, t, best):.1f} us against {at[(m, t)].baseline_us:.1f}"
+        for m in models for t in sorted({r.rows for r in rows}, reverse=True) if us(m, t, best) is not None)
+    measured = (f"a chain over every layer's gate|up weights in a CUDA graph, median of 15 replays: the blocking "
+                f"with the smallest geometric mean over the models of its time over cuBLAS + SwiGLU's at "
+                f"{longest:,} rows; {figures} (cuBLAS + SwiGLU); "
+                + (f"min_rows {min_rows}: from there on it won at every measured length"
+                   if min_rows else "min_rows 0 (never): it did not beat cuBLAS + SwiGLU for every model"))
+    values = {"min_rows": min_rows, **{k: v for k, v in best.items() if k in SPECS["prompt_gate_up"]}}
+    return {"values": values, "source": source, "date": date, "results": results, "measured": measured}
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -200,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", nargs="*", type=positive_int, default=[], metavar="TOKENS",
                    help="also the gate|up of a prompt of each TOKENS rows: cuBLAS + SwiGLU against labkit.ops.gemm_swiglu")
     p.add_argument("--name", type=results_name, help="also write data/bench/<gpu>/<name>.json")
+    p.add_argument("--write-tuning", action="store_true",
+                   help="with --prompt and --name: write the winner as this GPU's prompt_gate_up settings "
+                        "(data/tuning/<gpu>.json; prompt_gate_up_entry says how it is chosen)")
     args = p.parse_args(argv)
+    if args.write_tuning and not (args.prompt and args.name):
+        p.error("--write-tuning needs --prompt (what it measures) and --name (the results its entry cites)")
     if not torch.cuda.is_available():
         p.error("the tail benchmark times CUDA graphs: it needs a CUDA GPU")
     facts = device_facts("cuda")
@@ -233,8 +291,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.name:
         argv = sys.argv[1:] if argv is None else argv
         command = shlex.join(["python", "-m", "labkit", "bench", "tail-ops", *argv])
-        print(write_results(args.name, "tail-ops", rows, facts, command=command, data_dir=DATA_DIR))
+        path = write_results(args.name, "tail-ops", rows, facts, command=command, data_dir=DATA_DIR)
+        print(path)
+        if args.write_tuning:
+            write_prompt_tuning(rows, facts, command, path)
     return 1 if any(r.error for r in rows) else 0
+
+
+def write_prompt_tuning(rows: list[TailOpRow], facts, command: str, results: Path) -> None:
+    """The run's :func:`prompt_gate_up_entry` into this GPU's tuning file (its other entries kept)."""
+    import datetime as dt
+
+    from .. import resources, tuning
+
+    root = resources.checkout()
+    try:
+        cited = results.resolve().relative_to(root).as_posix() if root else str(results)
+    except ValueError:  # results written outside the repository: cite the path as given
+        cited = str(results)
+    entry = prompt_gate_up_entry(rows, source=command, results=cited, date=dt.date.today().isoformat())
+    if entry is None:
+        print("no blocking ran at every model's longest prompt: the tuning file is left as it was")
+        return
+    path = tuning.update_tuning_file(tuning.tuning_path(facts.name), facts.name, settings={"prompt_gate_up": entry})
+    print(f"{path}: prompt_gate_up {entry['values']}")
 
 
 if __name__ == "__main__":
