@@ -46,6 +46,41 @@ def test_miss_overhead_uses_rows_that_restored_nothing():
     assert pcr.miss_overhead(rows)["unrelated"]["ratio_max"] == pytest.approx(2.0)
 
 
+def _reading_rows(multi_turn_hits, shared_hits):
+    """Rows at budgets 8 and 16 for lru, flops, flops+ends: hit rates given per (policy, budget)."""
+    rows = []
+    for workload, hits, ceiling in (("multi-turn", multi_turn_hits, 0.667), ("shared-prefix", shared_hits, 0.889)):
+        for (policy, budget), hit in hits.items():
+            rows.append(dict(_row(workload, policy, budget, hit, int(hit > 0), 1.0, 1.0), ceiling_hit_rate=ceiling,
+                             block_size=64, evictions=budget * 10 + len(policy)))
+    return rows
+
+
+def test_the_workload_reading_says_what_the_rows_say():
+    shared = {("lru", 8): 0.222, ("flops", 8): 0.222, ("flops+ends", 8): 0.0,
+              ("lru", 16): 0.444, ("flops", 16): 0.444, ("flops+ends", 16): 0.808}
+    starved = {("lru", 8): 0.0, ("flops", 8): 0.0, ("flops+ends", 8): 0.0,
+               ("lru", 16): 0.0, ("flops", 16): 0.0, ("flops+ends", 16): 0.083}
+    text = pcr.workload_reading(_reading_rows(starved, shared))
+    assert "too kind" in text and "the best row, flops+ends at 16 snapshots, restores **8%**" in text and "ceiling of 67%" in text
+    assert "lru and flops restore nothing at all" in text and "(83 to 170 evictions a stream)" in text
+    assert "at 8 snapshots `flops+ends` restores 0% against 22% for lru" in text
+    assert "at 16 snapshots `flops+ends` restores 81% against 44%" in text and "loses when it cannot" in text
+    # a budget that holds the chats: the prediction held, and no revised reading is offered
+    fed = {k: (0.6 if k[1] == 16 else 0.2) for k in starved}
+    text = pcr.workload_reading(_reading_rows(fed, {k: v for k, v in shared.items() if k[1] == 16}))
+    assert "as predicted" in text and "Revised" not in text and "paid at every budget here" in text
+
+
+def test_the_admission_verdict_names_where_ends_won_and_lost():
+    shared = {("lru", 8): 0.222, ("flops+ends", 8): 0.0, ("lru", 16): 0.444, ("flops+ends", 16): 0.808}
+    starved = {("lru", 8): 0.0, ("flops+ends", 8): 0.0, ("lru", 16): 0.0, ("flops+ends", 16): 0.083}
+    text = pcr.admission_verdict(_reading_rows(starved, shared))
+    assert "shared-prefix: `+ends` ahead at 16, behind at 8" in text
+    assert "multi-turn: `+ends` ahead at 16, behind at none" in text and "no policy brought it near" in text
+    assert pcr.admission_verdict([]) == "no workload rows with both kinds of admission."
+
+
 def test_figures_have_one_panel_per_workload_and_readable_labels():
     rows = [_row(w, p, b, 0.3, 1, 1.0, 1.0) for w in ("shared-prefix", "multi-turn") for p in ("lru", "flops") for b in (3, 6)]
     fig = pcr.hit_rate_panels(rows, "t")
