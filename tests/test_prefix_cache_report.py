@@ -76,8 +76,8 @@ def test_the_admission_verdict_names_where_ends_won_and_lost():
     shared = {("lru", 8): 0.222, ("flops+ends", 8): 0.0, ("lru", 16): 0.444, ("flops+ends", 16): 0.808}
     starved = {("lru", 8): 0.0, ("flops+ends", 8): 0.0, ("lru", 16): 0.0, ("flops+ends", 16): 0.083}
     text = pcr.admission_verdict(_reading_rows(starved, shared))
-    assert "shared-prefix: `+ends` ahead at 16, behind at 8" in text
-    assert "multi-turn: `+ends` ahead at 16, behind at none" in text and "no policy brought it near" in text
+    assert "shared-prefix: `+ends` ahead at 16 snapshots, behind at 8 snapshots;" in text
+    assert "multi-turn: `+ends` ahead at 16 snapshots;" in text and "no policy brought it near" in text
     assert pcr.admission_verdict([]) == "no workload rows with both kinds of admission."
 
 

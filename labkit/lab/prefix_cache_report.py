@@ -160,8 +160,8 @@ def admission_verdict(rows: list[dict]) -> str:
             if ends is not None and every is not None and ends != every:
                 (won if ends > every else lost).append(f"{budget:g}")
         if won or lost:
-            said.append(f"{name}: `+ends` ahead at {_listed(won) or 'no budget'}, behind at {_listed(lost) or 'none'} "
-                        f"(snapshots)")
+            said.append(f"{name}: `+ends` " + ", ".join(
+                f"{how} at {_listed(budgets)} snapshots" for how, budgets in (("ahead", won), ("behind", lost)) if budgets))
     chats = [r for r in rows if r["workload"] == "multi-turn"]
     if chats:
         best = max(chats, key=lambda r: r["hit_rate"])
