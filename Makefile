@@ -33,11 +33,12 @@ install: $(VENV)/.installed
 NBVAL_NOTEBOOKS = $(shell grep -l NBVAL_CHECK_OUTPUT notebooks/*.ipynb 2>/dev/null)
 
 # The suite on worker processes, one per core up to TEST_WORKERS (pytest-xdist; worksteal: the
-# notebooks and interpreter kernels take minutes each and would otherwise end the run on one worker).
+# notebooks and interpreter kernels take minutes each and would otherwise end the run on one worker);
+# the slowest tests are listed at the end, where CI time goes.
 TEST_WORKERS ?= 4
 
 test: $(VENV)/.installed chromium
-	$(PY) -m pytest -q -n auto --maxprocesses $(TEST_WORKERS) --dist worksteal tests
+	$(PY) -m pytest -q -n auto --maxprocesses $(TEST_WORKERS) --dist worksteal --durations 15 tests
 	$(if $(NBVAL_NOTEBOOKS),$(PY) -m pytest -q -p no:cacheprovider --nbval-lax $(NBVAL_NOTEBOOKS))
 
 # The GPU machine usually has its own CUDA torch: this venv's python when there is one, else python3.
