@@ -192,10 +192,9 @@ def prompt_gate_up_entry(rows: list[TailOpRow], *, source: str, results: str, da
     model at every length) measure, or None if no blocking ran at every model's longest prompt.
 
     The blocking: the smallest geometric mean, over the models, of its time at the longest prompt
-    over cuBLAS + SwiGLU's. ``min_rows``: the shortest prompt length from which that blocking beat
-    cuBLAS + SwiGLU for every model at every measured length (0, never, where it lost at the
-    longest): lengths between two measured ones follow the longer, lengths below the shortest
-    measured stay on cuBLAS."""
+    over cuBLAS + SwiGLU's. ``min_rows``: the shortest measured length from which that blocking beat
+    cuBLAS + SwiGLU for every model at that length and every longer one measured (0, never, where it
+    lost at the longest); prompts shorter than ``min_rows`` stay on cuBLAS."""
     from ..tuning.kernel_settings import SPECS
 
     rows = [r for r in rows if r.op == "prompt_gate_up" and not r.error]
@@ -205,7 +204,7 @@ def prompt_gate_up_entry(rows: list[TailOpRow], *, source: str, results: str, da
     at = {(r.model, r.rows): r for r in rows}
     models = sorted({r.model for r in rows})
 
-    def us(model: int, tokens: int, settings: dict) -> float | None:
+    def us(model: str, tokens: int, settings: dict) -> float | None:
         r = at.get((model, tokens))
         return None if r is None else next((s["us"] for s in r.sweep if s["settings"] == settings and "us" in s), None)
 
