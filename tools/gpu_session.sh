@@ -95,7 +95,7 @@ for stage in $STAGES; do
         --write-tuning > $OUT/prompt-gate-up.log 2>&1
       grep -v "^      " $OUT/prompt-gate-up.log | tail -8
       cp data/tuning/*.json $OUT/
-      timeout ${PREFILL_TIMEOUT:-150} python3 -m labkit bench prefill --models qwen3.5-0.8b lfm2-350m \
+      timeout ${LENGTHS_TIMEOUT:-150} python3 -m labkit bench prefill --models qwen3.5-0.8b lfm2-350m \
         --impls fused+graph transformers --lengths 512 4096 16384 --repeats 3 --peer-repeats 1 --name prefill \
         > $OUT/prefill-length.log 2>&1
       tail -14 $OUT/prefill-length.log

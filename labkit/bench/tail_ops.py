@@ -212,8 +212,8 @@ def prompt_gate_up_entry(rows: list[TailOpRow], *, source: str, results: str, da
         t = us(model, tokens, settings)
         return float("inf") if t is None else t / at[(model, tokens)].baseline_us
 
-    candidates = [s["settings"] for s in at[(models[0], longest)].sweep if "us" in s] if (models[0], longest) in at else []
-    candidates = [c for c in candidates if all(us(m, longest, c) is not None for m in models)]
+    first = next(r for r in rows if r.rows == longest)
+    candidates = [s["settings"] for s in first.sweep if all(us(m, longest, s["settings"]) is not None for m in models)]
     if not candidates:
         return None
     geomean = lambda c: math.prod(ratio(m, longest, c) for m in models) ** (1 / len(models))  # noqa: E731

@@ -93,6 +93,19 @@ def _listed(words: list[str]) -> str:
     return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
+def _ends_against_every(rows: list[dict]) -> list[tuple[float, dict, dict]]:
+    """Per budget of one workload's ``rows`` (where both kinds ran): (budget, the best row with states
+    at prompt ends only (``+ends``), the best row of a policy that stores every block)."""
+    out = []
+    for budget in sorted({r["budget_snapshots"] for r in rows}):
+        here = [r for r in rows if r["budget_snapshots"] == budget]
+        ends = max((r for r in here if _ends(r["policy"])), key=lambda r: r["hit_rate"], default=None)
+        every = max((r for r in here if not _ends(r["policy"])), key=lambda r: r["hit_rate"], default=None)
+        if ends is not None and every is not None:
+            out.append((budget, ends, every))
+    return out
+
+
 def _budgets(rows: list[dict]) -> str:
     return _listed([f"{b:g}" for b in sorted({r["budget_snapshots"] for r in rows})])
 
@@ -124,14 +137,8 @@ def workload_reading(rows: list[dict]) -> str:
         else:
             out.append(f"**Reading the bars against the prediction.** Multi-turn came out as predicted: the best row, "
                        f"{head}, once the budget holds the chats' paths between their turns.")
-    shared = [r for r in rows if r["workload"] == "shared-prefix"]
     wins, losses, parts = [], [], []
-    for budget in sorted({r["budget_snapshots"] for r in shared}):
-        here = [r for r in shared if r["budget_snapshots"] == budget]
-        ends = max((r for r in here if _ends(r["policy"])), key=lambda r: r["hit_rate"], default=None)
-        every = max((r for r in here if not _ends(r["policy"])), key=lambda r: r["hit_rate"], default=None)
-        if ends is None or every is None:
-            continue
+    for budget, ends, every in _ends_against_every([r for r in rows if r["workload"] == "shared-prefix"]):
         (wins if ends["hit_rate"] > every["hit_rate"] else losses if ends["hit_rate"] < every["hit_rate"] else []).append(budget)
         parts.append(f"at {budget:g} snapshots `{ends['policy']}` restores {ends['hit_rate']:.0%} against "
                      f"{every['hit_rate']:.0%} for {every['policy']} (ceiling {ends['ceiling_hit_rate']:.0%})")
@@ -151,14 +158,10 @@ def admission_verdict(rows: list[dict]) -> str:
     multi-turn near (at least half) its ceiling, from ``rows`` (workload rows of one or more runs)."""
     said = []
     for name in dict.fromkeys(r["workload"] for r in rows if r["workload"] != "unrelated"):
-        mine = [r for r in rows if r["workload"] == name]
         won, lost = [], []
-        for budget in sorted({r["budget_snapshots"] for r in mine}):
-            here = [r for r in mine if r["budget_snapshots"] == budget]
-            ends = max((r["hit_rate"] for r in here if _ends(r["policy"])), default=None)
-            every = max((r["hit_rate"] for r in here if not _ends(r["policy"])), default=None)
-            if ends is not None and every is not None and ends != every:
-                (won if ends > every else lost).append(f"{budget:g}")
+        for budget, ends, every in _ends_against_every([r for r in rows if r["workload"] == name]):
+            if ends["hit_rate"] != every["hit_rate"]:
+                (won if ends["hit_rate"] > every["hit_rate"] else lost).append(f"{budget:g}")
         if won or lost:
             said.append(f"{name}: `+ends` " + ", ".join(
                 f"{how} at {_listed(budgets)} snapshots" for how, budgets in (("ahead", won), ("behind", lost)) if budgets))
