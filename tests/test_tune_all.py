@@ -87,7 +87,9 @@ def test_each_sweep_checks_against_its_reference_and_writes_an_entry(kernel, mon
     monkeypatch.setattr(timing, "measure", fake_measure)
     lines = []
     entry = tune_kernels.tune_kernel(kernel, device="cpu", log=lines.append)
-    assert set(entry["values"]) == set(tuning.HEURISTICS[kernel])
+    swept = {"gated_delta_decode": {"block_v", "narrow_block_v", "programs_per_sm"},
+             "attention_decode": {"min_chunk", "max_chunks"}, "chunk_delta_rule": {"num_warps"}}
+    assert set(entry["values"]) == swept[kernel]  # a CPU has no tuning file: nothing else is named
     assert all(c["rel_err"] is not None and c["rel_err"] <= tune_kernels.BOUND for c in entry["candidates"]
                if "error" not in c)
     assert entry["candidates"][0]["values"].items() <= dict(tuning.settings(kernel, "cpu")).items()
@@ -96,6 +98,25 @@ def test_each_sweep_checks_against_its_reference_and_writes_an_entry(kernel, mon
     from labkit.tuning.files import check_document
 
     check_document({"format": tuning.FORMAT, "gpu": "X", "settings": {kernel: entry}}, "test")
+
+
+def test_an_entry_names_what_it_swept_and_what_the_file_named_never_a_heuristic(monkeypatch):
+    """The H200's chunk_delta_rule entry of 2026-12-03 named single_block_v = 128, the heuristic of
+    the day, which that run never swept: written as if measured, it outlived the heuristic's change
+    to 32 (faster on the H100 for a hit's tail). An entry keeps the file's values and adds the
+    swept ones; a setting neither names stays with its heuristic."""
+    from labkit.lab import timing
+
+    monkeypatch.setattr(tune_kernels, "CHUNK_SHAPE", (2, 16))
+    monkeypatch.setattr(tune_kernels, "CHUNK_LENGTHS", (70,))
+    monkeypatch.setattr(tune_kernels, "CHECK_LENGTHS", (45, 13))
+    monkeypatch.setattr(tune_kernels, "CHUNK_CHOICES", {"num_warps": (4, 8)})
+    monkeypatch.setattr(timing, "measure", lambda fn, **kw: _FakeTiming(5.0))
+    doc = {"settings": {"chunk_delta_rule": {"values": {"wide_stages": 3, "num_warps": 8}, "source": "x"}}}
+    monkeypatch.setattr(tuning, "device_document", lambda device=None, directory=None: doc)
+    entry = tune_kernels.tune_kernel("chunk_delta_rule", device="cpu", log=lambda line: None)
+    assert entry["values"] == {"wide_stages": 3, "num_warps": 8}  # 8 warps: the file's, first and not beaten
+    assert entry["candidates"][0]["values"] == {"num_warps": 8}
 
 
 def test_chunk_trials_time_only_the_cases_their_setting_changes(monkeypatch):

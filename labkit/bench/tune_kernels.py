@@ -78,6 +78,12 @@ def _current(kernel: str, device: str) -> dict:
     return dict(tuning.settings(kernel, device))
 
 
+def _pinned(kernel: str, device: str) -> dict:
+    """The values ``device``'s tuning file names for ``kernel`` (none: every setting its heuristic)."""
+    doc = tuning.device_document(device)
+    return dict(((doc or {}).get("settings", {}).get(kernel) or {}).get("values", {}))
+
+
 def _run_trial(values: dict, check: Callable[[], float], timings: Iterable[tuple[str, Callable[[], float]]]) -> Trial:
     t = Trial(dict(values))
     try:
@@ -254,7 +260,9 @@ TUNERS = {
 def tune_kernel(kernel: str, *, device: str = "cuda", deadline: float | None = None, command: str = "",
                 log: Callable[[str], None] = print) -> dict:
     """``kernel``'s settings entry: the winner's values (only the settings swept; the others keep
-    the file's), how it was measured, and every trial."""
+    the file's, and those the file does not name stay unnamed: a heuristic value written here would
+    freeze it as if measured, past any later change of the heuristic), how it was measured, and
+    every trial."""
     tuner = TUNERS[kernel]
     t0 = time.perf_counter()
     trials = tuner.trials(device, deadline, log)
@@ -263,7 +271,7 @@ def tune_kernel(kernel: str, *, device: str = "cuda", deadline: float | None = N
     log(f"  {kernel}: {best.values} ({speedup:.3f}x the current settings; {len(trials)} candidates, "
         f"{time.perf_counter() - t0:.0f} s)")
     return {
-        "values": {**_current(kernel, device), **best.values},
+        "values": {**_pinned(kernel, device), **best.values},
         "source": command or "python -m labkit tune",
         "date": _dt.date.today().isoformat(),
         "measured": (f"labkit.bench.tune_kernels: {tuner.cases}; each candidate checked against its reference "
