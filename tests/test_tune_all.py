@@ -161,3 +161,22 @@ def test_a_file_made_by_a_settings_run_names_its_command(tmp_path):
     doc = tuning.read_tuning_file(path)
     assert doc["command"] == "python -m labkit tune --sections norm_rope" and doc["gpu"] == facts.name
     assert {"device", "versions", "date"} <= set(doc) and doc["settings"]["attention_decode"] == entry
+
+
+def test_a_run_of_some_sections_keeps_the_full_runs_record(tmp_path, monkeypatch):
+    """Notebook 06 reads the full run's record (its linear section): a run of one section, on the
+    same GPU later, writes its own record beside it instead of over it."""
+    import json
+
+    from labkit.lab import hw
+
+    facts = hw.device_facts("cpu", measure=False)
+    monkeypatch.setattr(hw, "device_facts", lambda device, measure=False: facts)
+    monkeypatch.setattr(tune_kernels, "tune_kernel", lambda name, **kw: {"values": {"num_warps": 8}, "candidates": [{}]})
+    data = tmp_path / "bench"
+    for sections in (tune.SECTIONS[3:4], tune.SECTIONS[2:4]):
+        tune.run_all(["tiny-qwen3.5"], sections=sections, out_dir=tmp_path, data_dir=data)
+    written = sorted(p.name for p in (data / facts.slug).iterdir())
+    assert written == ["tune-run-attention_decode-chunk_delta_rule.json", "tune-run-chunk_delta_rule.json"]
+    doc = json.loads((data / facts.slug / written[1]).read_text())
+    assert [s["section"] for s in doc["sections"]] == ["chunk_delta_rule"] and doc["kind"] == "tune-run"

@@ -15,7 +15,7 @@ reads at run time. With no options it runs every section within one time budget
 Every candidate is checked against its reference before it is timed; the settings the GPU runs
 today are always the first candidate, so a section never makes what it measures slower. A
 progress bar follows the sections; ``--sections`` picks some, and ``data/bench/<gpu>/tune-run.json``
-records what each took. The older single modes remain: ``--alone`` (each projection alone in a
+records what each took (a run of some sections, ``tune-run-<sections>.json``). The older single modes remain: ``--alone`` (each projection alone in a
 CUDA graph, :func:`run`), ``--chain`` (:func:`run_chain` only) and ``--persistent``.
 
 :func:`run` sweeps each distinct projection of the presets' decode steps (one key per batch
@@ -357,9 +357,9 @@ UNTUNED = {
                   "4,096-token prefill, checked for the same bits); write its winner into the GPU's file by hand",
     "tail_gate_up": "swept by python -m labkit bench tail-ops --sweep (a hit tail's gate|up at 16 and 64 rows, each "
                     "blocking checked against the reference); write its winner into the GPU's file by hand",
-    "prompt_gate_up": "swept by python -m labkit bench tail-ops --rows --prompt 4096 (a prompt's gate|up, each blocking "
-                      "checked against the reference, cuBLAS + SwiGLU beside it); write its winner, and min_rows, into "
-                      "the GPU's file by hand once the whole prefill measures faster with it",
+    "prompt_gate_up": "swept by python -m labkit bench tail-ops --rows --prompt 4096 1024 --write-tuning (a prompt's "
+                      "gate|up, each blocking checked against the reference, cuBLAS + SwiGLU beside it), which writes "
+                      "its winner and min_rows into the GPU's file",
 }
 
 
@@ -367,7 +367,8 @@ def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches:
             time_limit_s: float = 540.0, out_dir: Path = tuning.TUNING_DIR, data_dir: Path | None = None,
             max_candidates: int | None = None, command: str = "python -m labkit tune") -> tuple[Path, list[dict]]:
     """Every section in turn within ``time_limit_s``; returns the tuning file and one summary row
-    per section (also written to ``data_dir/<gpu>/tune-run.json``)."""
+    per section (also written to ``data_dir/<gpu>/tune-run.json``, or for a run of some sections
+    ``tune-run-<sections>.json``: the full run's record, which notebook 06 reads, stays whole)."""
     from tqdm.auto import tqdm
 
     from ..lab.hw import device_facts
@@ -415,7 +416,8 @@ def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches:
     bar.close()
     total = round(time.perf_counter() - start, 1)
     print(f"tuned {len(sections)} sections in {total} s (budget {time_limit_s:.0f} s); wrote {path}")
-    write_document("tune-run", "tune-run", {"seconds": total, "time_limit_s": time_limit_s, "models": models,
+    record = "tune-run" if set(sections) == set(SECTIONS) else "-".join(("tune-run", *sections))
+    write_document(record, "tune-run", {"seconds": total, "time_limit_s": time_limit_s, "models": models,
                                             "sections": summary}, facts, command,
                    DATA_DIR if data_dir is None else data_dir)
     return path, summary
