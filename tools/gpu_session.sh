@@ -19,10 +19,12 @@
 #   hit        python -m labkit bench hit-timeline, then hit-host: a prefix-cache hit (Qwen3.5-0.8B, 4,096 + 64
 #              tokens, fused+graph) on the clock vs the GPU, and its host side; then bench miss-timeline for
 #              both presets (a steady miss of 4,160 tokens against no cache), into data/bench (~3 min)
-#   ttft       time to first token, issue 27's figures: the prompt gate|up GEMM swept and its winner written as
-#              the GPU's prompt_gate_up settings (bench tail-ops --prompt ... --write-tuning), then prefill against
-#              prompt length beside transformers (bench prefill) and TTFT with and without the prefix cache
-#              (bench cache --experiments ttft), into data/bench and data/tuning (~5 min)
+#   ttft       time to first token, issue 27's figures: the chunked delta rule's settings tuned (tune --sections
+#              chunk_delta_rule: its single-chunk blocking runs a hit's tail), the prompt gate|up GEMM swept and
+#              its winner written as the GPU's prompt_gate_up settings (bench tail-ops --prompt ... --write-tuning),
+#              then prefill against prompt length beside transformers (bench prefill) and TTFT with and without the
+#              prefix cache (bench cache --experiments ttft), into data/bench and data/tuning (~7 min; each step
+#              under its own limit, 570 s in all)
 # GPU=1 runs on the second GPU of a two-GPU machine; two sessions on two GPUs may run side by side:
 #   (GPU=1 STAGES="train tune" bash tools/gpu_session.sh &); GPU=0 STAGES="notebooks gputests" bash tools/gpu_session.sh; wait
 source tools/gpu_env.sh
@@ -91,15 +93,18 @@ for stage in $STAGES; do
       tail -30 $OUT/hit-timeline.log $OUT/hit-host.log $OUT/miss-timeline-*.log
       tar czf $OUT/hit.tgz data/bench ;;
     ttft)
-      timeout ${SWEEP_TIMEOUT:-240} python3 -m labkit bench tail-ops --rows --prompt 4096 1024 --name prompt-gate-up \
+      timeout ${CHUNK_TUNE_TIMEOUT:-130} python3 -m labkit tune --sections chunk_delta_rule --time-limit-s 90 \
+        > $OUT/tune-chunk.log 2>&1
+      grep "chunk_delta_rule:" $OUT/tune-chunk.log
+      timeout ${SWEEP_TIMEOUT:-200} python3 -m labkit bench tail-ops --rows --prompt 4096 1024 --name prompt-gate-up \
         --write-tuning > $OUT/prompt-gate-up.log 2>&1
       grep -v "^      " $OUT/prompt-gate-up.log | tail -8
       cp data/tuning/*.json $OUT/
-      timeout ${LENGTHS_TIMEOUT:-150} python3 -m labkit bench prefill --models qwen3.5-0.8b lfm2-350m \
+      timeout ${LENGTHS_TIMEOUT:-120} python3 -m labkit bench prefill --models qwen3.5-0.8b lfm2-350m \
         --impls fused+graph transformers --lengths 512 4096 16384 --repeats 3 --peer-repeats 1 --name prefill \
         > $OUT/prefill-length.log 2>&1
       tail -14 $OUT/prefill-length.log
-      timeout ${TTFT_TIMEOUT:-150} python3 -m labkit bench cache --models qwen3.5-0.8b lfm2-350m --experiments ttft \
+      timeout ${TTFT_TIMEOUT:-120} python3 -m labkit bench cache --models qwen3.5-0.8b lfm2-350m --experiments ttft \
         --ttft-cases 4096:64:256 --backends fused+graph --repeats 5 --name prefix-cache-ttft > $OUT/ttft.log 2>&1
       tail -8 $OUT/ttft.log
       tar czf $OUT/ttft.tgz data/bench data/tuning ;;
