@@ -68,7 +68,7 @@ def test_the_h200_file_holds_every_setting_the_code_held(gpu_named):
     for kernel, values in {**held, **tuned, **swept}.items():
         assert dict(tuning.settings(kernel, "cuda:0")) == {**tuning.HEURISTICS[kernel], **values}
     assert "single_block_v" not in tuned["chunk_delta_rule"]  # never swept on the H200: the heuristic's
-    assert tuning.settings("chunk_delta_rule", "cuda:0")["single_block_v"] == CHANGED_SINCE["chunk_delta_rule"]["single_block_v"]
+    assert tuning.settings("chunk_delta_rule", "cuda:0")["single_block_v"] == 32
     assert tuning.pdl_placement("cuda:0") == linear_mod.PdlPlacement(preload=True, release="early")
 
 

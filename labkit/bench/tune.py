@@ -15,8 +15,9 @@ reads at run time. With no options it runs every section within one time budget
 Every candidate is checked against its reference before it is timed; the settings the GPU runs
 today are always the first candidate, so a section never makes what it measures slower. A
 progress bar follows the sections; ``--sections`` picks some, and ``data/bench/<gpu>/tune-run.json``
-records what each took (a run of some sections, ``tune-run-<sections>.json``). The older single modes remain: ``--alone`` (each projection alone in a
-CUDA graph, :func:`run`), ``--chain`` (:func:`run_chain` only) and ``--persistent``.
+records what each took (a run of some sections, ``tune-run-<sections>.json``). The older single
+modes remain: ``--alone`` (each projection alone in a CUDA graph, :func:`run`), ``--chain``
+(:func:`run_chain` only) and ``--persistent``.
 
 :func:`run` sweeps each distinct projection of the presets' decode steps (one key per batch
 bucket, outputs, K, row blocks; the LM head is left out: its greedy and logits paths must keep one
@@ -418,7 +419,7 @@ def run_all(models: list[str], *, sections: tuple[str, ...] = SECTIONS, batches:
     print(f"tuned {len(sections)} sections in {total} s (budget {time_limit_s:.0f} s); wrote {path}")
     record = "tune-run" if set(sections) == set(SECTIONS) else "-".join(("tune-run", *sections))
     write_document(record, "tune-run", {"seconds": total, "time_limit_s": time_limit_s, "models": models,
-                                            "sections": summary}, facts, command,
+                                        "sections": summary}, facts, command,
                    DATA_DIR if data_dir is None else data_dir)
     return path, summary
 
