@@ -33,6 +33,7 @@ from typing import Callable, Iterable
 import torch
 
 from .. import tuning
+from ..tuning import kernel_settings
 
 BOUND = 1e-2  # bf16 kernels against their float32-accumulating reference (as bench ops checks them)
 
@@ -80,8 +81,7 @@ def _current(kernel: str, device: str) -> dict:
 
 def _pinned(kernel: str, device: str) -> dict:
     """The values ``device``'s tuning file names for ``kernel`` (none: every setting its heuristic)."""
-    doc = tuning.device_document(device)
-    return dict(((doc or {}).get("settings", {}).get(kernel) or {}).get("values", {}))
+    return kernel_settings.named(kernel, tuning.device_document(device))
 
 
 def _run_trial(values: dict, check: Callable[[], float], timings: Iterable[tuple[str, Callable[[], float]]]) -> Trial:

@@ -149,7 +149,11 @@ def check_section(section: Any, where: str) -> None:
                 raise TuningFileError(f"{at}.values.{name} must be {wrong}, got {value!r}")
 
 
+def named(kernel: str, doc: dict | None) -> dict[str, Any]:
+    """The values a (checked) document names for ``kernel`` (none without a document or an entry)."""
+    return dict({} if doc is None else doc.get("settings", {}).get(kernel, {}).get("values", {}))
+
+
 def merged(kernel: str, doc: dict | None) -> Mapping[str, Any]:
     """``kernel``'s settings: the (checked) document's values over the heuristic's."""
-    values = {} if doc is None else doc.get("settings", {}).get(kernel, {}).get("values", {})
-    return MappingProxyType({**HEURISTICS[kernel], **values})
+    return MappingProxyType({**HEURISTICS[kernel], **named(kernel, doc)})
