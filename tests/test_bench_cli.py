@@ -2,6 +2,7 @@
 wall-clock rows of labkit.generate, and a clear refusal where a GPU is needed."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ def test_decode_and_prefill_write_results_with_provenance(tmp_path, capsys):
     doc = json.loads(decode_file.read_text())
     assert doc["kind"] == "decode" and doc["versions"]["torch"] == torch.__version__ and doc["date"]
     assert doc["command"].startswith("python -m labkit bench decode") and doc["device"]["copy_bytes_per_s"] > 0
+    # the host's CPU too: a figure with host work in it moves with it
+    assert doc["host"]["cpus"] == os.cpu_count() and doc["host"]["cpu"] not in (None, "", "x86_64")
     for row in doc["results"]:
         assert row["error"] is None and row["tokens_per_s"] > 0 and len(row["runs_tokens_per_s"]) == 1
         assert [w["calls"] for w in row["wall_clock"]] == [1, 2]

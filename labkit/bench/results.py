@@ -1,5 +1,5 @@
-"""Results files: every measurement is written with the GPU, the software versions, the date and
-the exact command (``data/bench/<gpu>/<name>.json``), and the README's table is made from them."""
+"""Results files: every measurement is written with the GPU, the software versions, the host's CPU,
+the date and the exact command (``data/bench/<gpu>/<name>.json``), and the README's table is made from them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import resources
-from ..lab.hw import DeviceFacts, versions
+from ..lab.hw import DeviceFacts, host, versions
 
 # data/bench of the checkout; None where labkit is installed without its repository (results_dir says so)
 DATA_DIR = resources.bench_dir() if resources.checkout() else None
@@ -28,6 +28,7 @@ def provenance(facts: DeviceFacts, command: str | None = None) -> dict:
         "gpu": facts.name if facts.kind == "cuda" else None,
         "device": facts.to_dict(),
         "versions": versions(),
+        "host": host(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(shlex.quote(a) for a in ["python", "-m", "labkit", *sys.argv[1:]]),
     }

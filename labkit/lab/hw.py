@@ -9,6 +9,7 @@ measured figure everywhere a roofline is drawn.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from dataclasses import asdict, dataclass
 
@@ -154,6 +155,28 @@ def versions() -> dict[str, str | None]:
     if torch.cuda.is_available():
         out["driver"] = _driver_version()
     return out
+
+
+def host() -> dict[str, str | int | None]:
+    """The machine around the GPU, worth recording next to any figure that has host work in it (a
+    prefix-cache hit, ``generate``'s set-up, a host-bound rung): the CPU's model name and its logical
+    CPUs. Two H100 runs a day apart gave TTFT without the cache within 2%, and a prefix-cache hit
+    0.24-0.26 ms apart, with ``generate``'s host-only set-up apart about as much: that points at the
+    hosts, and the files could not say how they differed (data/bench/nvidia-h100-80gb-hbm3/archive/README.md)."""
+    return {"cpu": _cpu_model(), "cpus": os.cpu_count()}
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name: /proc/cpuinfo's on Linux (``platform.processor()`` there says only
+    "x86_64"), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
 
 
 def _driver_version() -> str | None:
