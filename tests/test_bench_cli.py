@@ -54,6 +54,8 @@ def test_cache_writes_ttft_workload_and_precision_rows(tmp_path):
     assert ttft["restored"] == 8 and ttft["mismatches"] == 0 and ttft["hits"] == 3 and ttft["ttft_hit_ms"] > 0
     assert ttft["dtype"] == "float32"
     assert ttft["setup_nocache_ms"] > 0 and ttft["setup_hit_ms"] > 0  # what generate does before its TTFT timing
+    assert ttft["speedup_with_setup"] == pytest.approx((ttft["setup_nocache_ms"] + ttft["ttft_nocache_ms"])
+                                                       / (ttft["setup_hit_ms"] + ttft["ttft_hit_ms"]))
     work = {r["workload"]: r for r in rows["workload"]}
     assert set(work) == {"shared-prefix", "multi-turn", "unrelated"} and all(r["mismatches"] == 0 for r in work.values())
     assert work["unrelated"]["hit_rate"] == 0 and 0 < work["shared-prefix"]["hit_rate"] <= work["shared-prefix"]["ceiling_hit_rate"]
