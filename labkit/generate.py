@@ -72,14 +72,17 @@ def _sync(device: torch.device) -> None:
 def _check_arguments(model: HybridLM, input_ids: torch.Tensor, max_new_tokens: int, backend: str,
                      temperature: float, top_k: int | None, top_p: float | None, seed: int | None,
                      stop_tokens: Iterable[int], cache: HybridCache | None, pad_token_id: int | None,
-                     progress: bool | None, prefix_cache: "PrefixCache | None") -> list[int]:
+                     progress: bool | None, prefix_cache: "PrefixCache | None") -> tuple[list[int], torch.Tensor | None]:
     """Every argument of :func:`generate` checked before anything changes (a given cache is reset
     only after this): type, range and shape, each refusal naming the argument, the value and the
-    fix. Returns the stop tokens as a list of ints (an iterator is read here, once).
+    fix. Returns the stop tokens as a list of ints (an iterator is read here, once) and, with a
+    ``prefix_cache``, the prompt on the host as [batch, T] (else None).
 
     The prompt's id range is checked here for every length (the model checks only prompts of two
     tokens or more: a one-token prompt out of the vocabulary is a device-side assert on a GPU), by
-    one min/max reduction and one read to the host, before any timing starts."""
+    one min/max reduction and one read to the host, before any timing starts. With a prefix cache
+    the read is of the whole prompt (its look-up hashes the tokens on the host): the cache is handed
+    the copy and does not make its own on the clock."""
     if not isinstance(model, HybridLM):
         raise TypeError(f"model must be a labkit HybridLM (labkit.build or labkit.load), got {type(model).__name__}")
     V = model.cfg.vocab_size
@@ -90,7 +93,13 @@ def _check_arguments(model: HybridLM, input_ids: torch.Tensor, max_new_tokens: i
         raise ValueError(f"input_ids must be a non-empty [T] or [batch, T] tensor, got shape {tuple(input_ids.shape)}")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"input_ids must be int64 or int32 token ids, got {input_ids.dtype}: use input_ids.long()")
-    lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()
+    host_ids = None
+    if prefix_cache is not None:
+        host_ids = input_ids.detach().cpu()
+        host_ids = host_ids[None] if host_ids.dim() == 1 else host_ids
+        lo, hi = map(int, torch.aminmax(host_ids))
+    else:
+        lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()
     if lo < 0 or hi >= V:
         raise ValueError(f"input_ids must be token ids in [0, {V}) for {model.cfg.name!r}, got ids in [{lo}, {hi}]")
     B, T = (1, input_ids.shape[0]) if input_ids.dim() == 1 else input_ids.shape
@@ -134,7 +143,7 @@ def _check_arguments(model: HybridLM, input_ids: torch.Tensor, max_new_tokens: i
 
         if not isinstance(prefix_cache, PrefixCache):
             raise TypeError(f"prefix_cache must be None or a labkit PrefixCache, got {type(prefix_cache).__name__}")
-    return stops
+    return stops, host_ids
 
 
 @torch.no_grad()
@@ -169,8 +178,8 @@ def generate(
     A given cache is reset first (its lengths and states; its keys and values are overwritten by the
     prefill before they are read), and a decoder attached to it is reused.
     """
-    stop_tokens = _check_arguments(model, input_ids, max_new_tokens, backend, temperature, top_k, top_p, seed,
-                                   stop_tokens, cache, pad_token_id, progress, prefix_cache)
+    stop_tokens, host_ids = _check_arguments(model, input_ids, max_new_tokens, backend, temperature, top_k, top_p,
+                                             seed, stop_tokens, cache, pad_token_id, progress, prefix_cache)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     input_ids = input_ids.to(model.device)
@@ -200,12 +209,12 @@ def generate(
         _sync(model.device)
         setup_s = time.perf_counter() - t_setup
         return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stops, pad, progress,
-                       prefix_cache, setup_s)
+                       prefix_cache, setup_s, host_ids)
 
 
 def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, backend: str, params: SamplingParams,
             seed: int | None, stops: torch.Tensor, pad: int, progress: bool | None,
-            prefix_cache: "PrefixCache | None", setup_s: float) -> GenerationResult:
+            prefix_cache: "PrefixCache | None", setup_s: float, host_ids: torch.Tensor | None = None) -> GenerationResult:
     """The timed part of :func:`generate`, once its decoder is ready (and, if pooled, lent to it)."""
     model = decoder.model
     B, T = input_ids.shape
@@ -224,7 +233,7 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     if prefix_cache is None:
         logits = decoder.prefill_checked(input_ids, ids_checked=True, weights=decoder.checked_weights)
     else:
-        pre = prefix_cache.prefill(decoder, input_ids, weights=decoder.checked_weights)
+        pre = prefix_cache.prefill(decoder, input_ids, weights=decoder.checked_weights, host_ids=host_ids)
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     _sync(model.device)

@@ -107,7 +107,7 @@ import numpy as np
 import torch
 
 from .cache import CacheFullError, HybridCache
-from .weights import WeightsKey, weights_key, with_values
+from .weights import WeightsKey, values_later, weights_key
 from .decode.protocol import Decoder
 from .model import HybridLM
 from .config import is_int, is_real
@@ -453,10 +453,11 @@ class PrefixCache:
         return count
 
     # -- checks --------------------------------------------------------------------------------------
-    def _check(self, decoder: Decoder, input_ids: torch.Tensor,
-               weights: WeightsKey | None = None) -> tuple[HybridLM, HybridCache, list, WeightsKey]:
+    def _check(self, decoder: Decoder, input_ids: torch.Tensor, weights: WeightsKey | None = None,
+               host_ids: torch.Tensor | None = None) -> tuple[HybridLM, HybridCache, list, WeightsKey]:
         """The model and cache, the block keys of the prompt's rows and the model's weights key, once the
-        decoder, its cache and the prompt are found to fit this PrefixCache (else an error)."""
+        decoder, its cache and the prompt are found to fit this PrefixCache (else an error).
+        ``host_ids``: the prompt on the host, its range already checked (:meth:`prefill`)."""
         if not isinstance(decoder, Decoder):
             raise TypeError(f"PrefixCache.prefill needs a labkit.decode.Decoder (a rung's decoder, e.g. from "
                             f"labkit.decode.make_decoder), got a {type(decoder).__name__}")
@@ -473,19 +474,28 @@ class PrefixCache:
                 f"this PrefixCache holds {self.dtype} snapshots on {self.device}; the model is {model.dtype} "
                 f"on {model.device}: make a PrefixCache for that model"
             )
-        key = weights_key(model) if weights is None else with_values(model, weights)
-        self._check_weights(model, key)
+        # the weights' facts are checked now and their fingerprint's read launched; it is waited for
+        # after the prompt's blocks are hashed (host work done while the device gathers), and before
+        # anything changes
+        pending = values_later(model, weights)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be int64 or int32, got {input_ids.dtype}")
-        # one copy to the host (the look-up reads the tokens there anyway), one device sync; the range
-        # is checked here: a one-token tail is not checked by the model, and a longer one is not
-        # checked again (prefill_continuation(ids_checked=True))
-        host = input_ids.cpu()
-        lo, hi = map(int, torch.aminmax(host))  # one reduction for both ends
-        if lo < 0 or hi >= self.cfg.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")
+        if host_ids is not None:
+            if (not isinstance(host_ids, torch.Tensor) or host_ids.device.type != "cpu"
+                    or host_ids.shape != input_ids.shape or host_ids.dtype != input_ids.dtype):
+                raise ValueError(f"host_ids must be input_ids copied to the CPU: {input_ids.dtype}, of shape "
+                                 f"{tuple(input_ids.shape)}")
+            host = host_ids
+        else:
+            # one copy to the host (the look-up reads the tokens there anyway), one device sync; the
+            # range is checked here: a one-token tail is not checked by the model, and a longer one is
+            # not checked again (prefill_continuation(ids_checked=True))
+            host = input_ids.cpu()
+            lo, hi = map(int, torch.aminmax(host))  # one reduction for both ends
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{lo}, {hi}]")
         if cache.cfg != self.cfg or cache.dtype != self.dtype:
             raise ValueError(
                 f"the decoder's cache was made for {cache.cfg.name!r} in {cache.dtype}; this PrefixCache holds "
@@ -499,7 +509,10 @@ class PrefixCache:
                 f"the prompt has {T} tokens but the decoder's cache holds max_len={cache.max_len}; "
                 "make a larger cache with model.new_cache(batch_size, max_len=...)"
             )
-        return model, cache, _block_keys(host, self.block_size), key
+        keys = _block_keys(host, self.block_size)
+        key = pending()
+        self._check_weights(model, key)
+        return model, cache, keys, key
 
     def _check_weights(self, model: HybridLM, key: WeightsKey) -> None:
         """Refuse a model whose weights are not the ones the snapshots were made from: a model object
@@ -524,15 +537,20 @@ class PrefixCache:
 
     # -- prefill -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, decoder: Decoder, input_ids: torch.Tensor, *, weights: WeightsKey | None = None) -> PrefixPrefill:
+    def prefill(self, decoder: Decoder, input_ids: torch.Tensor, *, weights: WeightsKey | None = None,
+                host_ids: torch.Tensor | None = None) -> PrefixPrefill:
         """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
         return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
         snapshots change if the decoder's model is not this cache's, or the prompt does not fit.
-        ``weights``: the model's :func:`~labkit.weights.weights_key`, from a caller that has just
-        taken it (``generate``, from the decoder it refreshed); else it is taken here."""
+
+        What a caller that has just done part of the work hands over, so that it is not done twice on
+        the clock (``generate`` does, before its timing starts, as it does without a prefix cache):
+        ``weights``, the model's :func:`~labkit.weights.weights_key` (from the decoder it refreshed);
+        ``host_ids``, ``input_ids`` copied to the host with their range checked (the look-up hashes
+        the tokens there: without them, a copy and a device sync here)."""
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
-        model, cache, keys, key = self._check(decoder, input_ids, weights)
+        model, cache, keys, key = self._check(decoder, input_ids, weights, host_ids)
         input_ids = input_ids.to(model.device)
         B, T = input_ids.shape
         bs = self.block_size

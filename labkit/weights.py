@@ -43,8 +43,9 @@ When asked for, the fingerprint is read on every call (that is its point): the s
 addresses are listed once per memo, as a table of byte spans (:mod:`labkit.ops.copy_spans`) that
 gathers them into one buffer per device, so a read is one launch and one copy to the host per
 device, whatever the number of tensors. It is the one part that touches the device: on a GPU the
-host waits for it (a sync; the device is idle where the key is taken, before a prefill, so it
-waits for the copy alone). The design it replaced (a view of each tensor's samples, and
+host waits for it. :func:`values_later` launches the read and returns the wait, so that a caller
+works on the host meanwhile (:class:`labkit.PrefixCache` hashes the prompt's blocks): the copy
+lands in pinned host memory, queued behind the gather, and the wait is for its event. The design it replaced (a view of each tensor's samples, and
 concatenations per dtype) cost Python and dispatch per tensor (~1 us for each view), and on a GPU
 concatenation kernels over hundreds of small inputs: an H100 profile of a Qwen3.5-0.8B prefix-cache
 hit (236 tensors, 2026-12-05) held four of them, 57 us of device time, which only the fingerprint
@@ -61,6 +62,7 @@ import operator
 import weakref
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Callable
 
 import numpy as np
 import torch
@@ -68,7 +70,7 @@ from torch import nn
 
 from .ops.spans import Spans
 
-__all__ = ["SAMPLES", "WeightsKey", "weights_key", "with_values"]
+__all__ = ["SAMPLES", "WeightsKey", "values_later", "weights_key", "with_values"]
 
 SAMPLES = 8  # elements sampled per tensor for the fingerprint
 
@@ -164,10 +166,21 @@ class _Memo:
     def with_values(self, tensors: list[torch.Tensor]) -> WeightsKey:
         """:attr:`tensors_key` with the fingerprint read now (the very same key object while it reads
         the same). ``tensors`` are alive (the caller holds them): the samples' addresses are theirs."""
-        fingerprint = self.samples.read()
-        if self.key is None or fingerprint != self.key.fingerprint:  # values edited where torch does not count
-            self.key = replace(self.tensors_key, fingerprint=fingerprint)
-        return self.key
+        return self.values_later(tensors)()
+
+    def values_later(self, tensors: list[torch.Tensor]) -> Callable[[], WeightsKey]:
+        """:meth:`with_values` in two halves: the read is launched now, and the function returned
+        waits for it and gives the key (``tensors`` are held until then)."""
+        pending = self.samples.start()
+
+        def key() -> WeightsKey:
+            fingerprint = pending()
+            if self.key is None or fingerprint != self.key.fingerprint:  # values edited where torch does not count
+                self.key = replace(self.tensors_key, fingerprint=fingerprint)
+            del tensors[:]  # held until the read was done
+            return self.key
+
+        return key
 
     def current(self, values: bool) -> WeightsKey | None:
         """The key a walk now would give, if the memo still describes the model (the same modules,
@@ -200,6 +213,10 @@ class _Samples:
 
     def __init__(self, parts: list[tuple[Spans, torch.Tensor]]) -> None:
         self.parts = parts
+        # where each part's bytes land on the host: pinned for a device's, so that the copy is queued
+        # without a wait (:meth:`start`); the buffer itself on a CPU
+        self.hosts = [torch.empty(buf.numel(), dtype=torch.uint8, pin_memory=True) if buf.is_cuda else buf
+                      for _, buf in parts]
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor]) -> "_Samples":
@@ -221,11 +238,26 @@ class _Samples:
         return cls(parts)
 
     @torch.no_grad()
-    def read(self) -> bytes:
-        """The sampled bytes now (a sync per device: the host waits for the copy)."""
-        for spans, _ in self.parts:
+    def start(self) -> Callable[[], bytes]:
+        """Launch the read (per device, the span table's gather and the copy to the host, queued on
+        the current stream) and return a function that waits for it and gives the sampled bytes: a
+        caller does host work of its own between the two, while the device gathers. (Two reads in
+        flight at once share the buffers; they read the same values while the weights do not change.)"""
+        done = []
+        for (spans, buf), host in zip(self.parts, self.hosts):
             spans.run()
-        return b"".join(buf.cpu().numpy().tobytes() for _, buf in self.parts)
+            if buf.is_cuda:
+                host.copy_(buf, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(buf.device))
+                done.append(event)
+
+        def result() -> bytes:
+            for event in done:
+                event.synchronize()
+            return b"".join(host.numpy().tobytes() for host in self.hosts)
+
+        return result
 
 
 def weights_key(model: nn.Module, *, values: bool = True) -> WeightsKey:
@@ -252,9 +284,20 @@ def with_values(model: nn.Module, key: WeightsKey) -> WeightsKey:
     """``key`` with its fingerprint: ``key`` itself if it has one; if it is the tensors key that
     :func:`weights_key` has just given for ``model`` (a rung's :attr:`checked_weights`), only the
     fingerprint is read, the facts are not checked again; otherwise the whole key afresh."""
-    if key.fingerprint is not None:
-        return key
+    return values_later(model, key)()
+
+
+def values_later(model: nn.Module, key: WeightsKey | None = None) -> Callable[[], WeightsKey]:
+    """:func:`with_values` (``key`` None: :func:`weights_key`) in two halves: the facts are checked and
+    the fingerprint's read launched now; the function returned waits for the read and gives the
+    key. :class:`labkit.PrefixCache` hashes the prompt's blocks in between, while the device gathers."""
+    if key is not None and key.fingerprint is not None:
+        return lambda: key
     memo = _MEMOS.get(model)
+    if key is None:
+        key = weights_key(model, values=False)  # the facts checked (or walked afresh): the memo is current
+        memo = _MEMOS[model]
     if memo is not None and memo.tensors_key is key:
-        return memo.with_values(list(map(operator.call, memo.tensors)))
-    return weights_key(model)
+        return memo.values_later(list(map(operator.call, memo.tensors)))
+    fresh = weights_key(model)
+    return lambda: fresh

@@ -170,7 +170,22 @@ def test_bad_input_is_refused_and_changes_nothing(model):
         prefix.prefill(decoder, torch.full((1, 9), 263, device=DEVICE))
     with pytest.raises(ValueError, match="cache made by the model"):  # the right model, a foreign cache
         prefix.prefill(make_decoder("reference", model, HybridCache(model.cfg, 1, 30, torch.bfloat16, DEVICE)), ids)
+    for host in (ids.cpu()[:, :18], ids.cpu().float(), ids.cpu()[0]):  # another prompt's shape, or not ids
+        with pytest.raises(ValueError, match="host_ids"):
+            prefix.prefill(decoder, ids, host_ids=host)
     # the refused calls stored nothing and left the decoder's cache as the miss did
     assert (len(prefix), prefix.nbytes) == held
     assert all(torch.equal(a, b) for a, b in zip(cached, decoder.cache.buffers()))
     assert _check_exact(model, "reference", prefix, decoder, ids).restored == 16
+
+
+def test_host_ids_handed_over_give_the_same_hit(model):
+    """generate hands prefill the prompt it copied to the host for its own range check: the look-up
+    then reads that copy, and the hit, its logits and what it stores are those of a call without it."""
+    ids = _ids(3 * BS + 5, seed=4)
+    plain, handed = labkit.PrefixCache(model, BS, 10**8), labkit.PrefixCache(model, BS, 10**8)
+    want = [plain.prefill(_decoder(model, "reference", batch=1), ids) for _ in range(2)]  # a miss, then its hit
+    got = [handed.prefill(_decoder(model, "reference", batch=1), ids, host_ids=ids.cpu()) for _ in range(2)]
+    assert [g.restored for g in got] == [w.restored for w in want] == [0, 3 * BS]
+    assert all(torch.equal(g.logits, w.logits) for g, w in zip(got, want))
+    assert torch.isfinite(got[1].logits).all()

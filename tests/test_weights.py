@@ -132,3 +132,18 @@ def test_the_rungs_key_leaves_the_values_out_and_prefix_caches_add_them():
         pass
     else:
         raise AssertionError("same_values compared a key without its fingerprint")
+
+
+def test_values_later_gives_the_key_with_values_gives():
+    """The prefix cache's two-step read (launch, host work, wait) gives the very key of the one-step
+    read, from a rung's tensors key, a full key or nothing; and sees a .data edit made before it."""
+    from labkit.weights import values_later, with_values
+
+    model = _model()
+    tensors_key = weights_key(model, values=False)
+    full = weights_key(model)
+    assert values_later(model, tensors_key)() is with_values(model, tensors_key) is full
+    assert values_later(model, full)() is full and values_later(model)() is full
+    model.layers[0].mixer_norm.weight.data.mul_(3)
+    later = values_later(model, tensors_key)()
+    assert later != full and later == _walked(model) and later.same_tensors(tensors_key)
