@@ -160,9 +160,8 @@ def versions() -> dict[str, str | None]:
 def host() -> dict[str, str | int | None]:
     """The machine around the GPU, worth recording next to any figure that has host work in it (a
     prefix-cache hit, ``generate``'s set-up, a host-bound rung): the CPU's model name and its logical
-    CPUs. Two H100 runs a day apart gave TTFT without the cache within 2%, and a prefix-cache hit
-    0.24-0.26 ms apart, with ``generate``'s host-only set-up apart about as much: that points at the
-    hosts, and the files could not say how they differed (data/bench/nvidia-h100-80gb-hbm3/archive/README.md)."""
+    CPUs. Such figures move with the host while the GPU's own do not (the H100 runs in
+    data/bench/nvidia-h100-80gb-hbm3/archive/README.md). A virtual machine may report a generic name."""
     return {"cpu": _cpu_model(), "cpus": os.cpu_count()}
 
 
