@@ -17,6 +17,7 @@ Three experiments, each row checked against the run without a prefix cache:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -324,15 +325,17 @@ def print_row(r) -> None:
         print(f"{'ttft':>9} {r.model:>14} {r.backend:>12} bs={r.block_size:<4} {r.prefix}+{r.suffix}: restored {r.restored}, "
               f"TTFT no cache {r.ttft_nocache_ms:.2f} ms, miss {r.ttft_miss_ms:.2f}, first hit {r.ttft_first_hit_ms:.2f}, "
               f"hit {r.ttft_hit_ms:.2f} ms -> {r.speedup:.1f}x (PrefixCache.prefill alone {r.hit_prefill_ms:.2f} ms); "
-              f"steady miss {r.ttft_miss_steady_ms:.2f} ms ({r.miss_over_nocache:.2f}x no cache); warm-up {r.warm_up_ms:.0f} ms; "
-              f"generate's set-up before the timing {r.setup_nocache_ms:.2f} ms without the cache, "
+              f"steady miss {r.ttft_miss_steady_ms:.2f} ms ({r.miss_over_nocache:.2f}x no cache); "
+              + ("" if math.isnan(r.warm_up_ms) else f"warm-up {r.warm_up_ms:.0f} ms; ")
+              + f"generate's set-up before the timing {r.setup_nocache_ms:.2f} ms without the cache, "
               f"{r.setup_hit_ms:.2f} on hits ({r.speedup_with_setup:.1f}x with it); "
               f"mismatches {r.mismatches}/{r.hits} hits; "
               f"logits vs one-shot: hit {r.logit_err_hit:.1e}, split prefill without cache {r.logit_err_split:.1e}")
     elif isinstance(r, WorkloadRow):
         print(f"{'workload':>9} {r.model:>14} {r.backend:>12} {r.workload:>13} {r.policy:>10} budget {r.budget_snapshots:g} "
               f"snapshots: hit rate {r.hit_rate:.1%} (ceiling {r.ceiling_hit_rate:.1%}), TTFT median {r.ttft_ms_median:.2f} "
-              f"p95 {r.ttft_ms_p95:.2f} ms (no cache {r.ttft_nocache_ms_median:.2f}), evictions {r.evictions}, "
+              f"p95 {r.ttft_ms_p95:.2f} ms (no cache {r.ttft_nocache_ms_median:.2f}; per request {r.ttft_ratio_median:.3f}x), "
+              f"evictions {r.evictions}, "
               f"mismatches {r.mismatches}/{r.requests}")
     else:
         print(f"{'precision':>9} {r.model:>14} {r.backend:>12} bf16 snapshot: {r.state_bytes_float32 - r.state_bytes_rounded} "
