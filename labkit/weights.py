@@ -169,15 +169,14 @@ class _Memo:
         return self.values_later(tensors)()
 
     def values_later(self, tensors: list[torch.Tensor]) -> Callable[[], WeightsKey]:
-        """:meth:`with_values` in two halves: the read is launched now, and the function returned
-        waits for it and gives the key (``tensors`` are held until then)."""
+        """:meth:`with_values` in two halves: the read is launched now (``tensors`` alive, as there),
+        and the function returned waits for it and gives the key."""
         pending = self.samples.start()
 
         def key() -> WeightsKey:
             fingerprint = pending()
             if self.key is None or fingerprint != self.key.fingerprint:  # values edited where torch does not count
                 self.key = replace(self.tensors_key, fingerprint=fingerprint)
-            del tensors[:]  # held until the read was done
             return self.key
 
         return key
