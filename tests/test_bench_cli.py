@@ -21,6 +21,7 @@ def test_decode_and_prefill_write_results_with_provenance(tmp_path, capsys):
     assert doc["command"].startswith("python -m labkit bench decode") and doc["device"]["copy_bytes_per_s"] > 0
     # the host's CPU too: a figure with host work in it moves with it
     assert doc["host"]["cpus"] == os.cpu_count() and doc["host"]["cpu"] not in (None, "", "x86_64")
+    assert 1 <= doc["host"]["cpus_allowed"] <= doc["host"]["cpus"]  # a taskset-pinned run says it was
     for row in doc["results"]:
         assert row["error"] is None and row["tokens_per_s"] > 0 and len(row["runs_tokens_per_s"]) == 1
         assert [w["calls"] for w in row["wall_clock"]] == [1, 2]

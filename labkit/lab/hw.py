@@ -159,10 +159,13 @@ def versions() -> dict[str, str | None]:
 
 def host() -> dict[str, str | int | None]:
     """The machine around the GPU, worth recording next to any figure that has host work in it (a
-    prefix-cache hit, ``generate``'s set-up, a host-bound rung): the CPU's model name and its logical
-    CPUs. Such figures move with the host while the GPU's own do not (the H100 runs in
+    prefix-cache hit, ``generate``'s set-up, a host-bound rung): the CPU's model name, its logical
+    CPUs, and how many of them this process may run on (``taskset`` or a container narrows it: one
+    core steadies host-bound timings between processes, and a figure taken so should say so). Such
+    figures move with the host while the GPU's own do not (the H100 runs in
     data/bench/nvidia-h100-80gb-hbm3/archive/README.md). A virtual machine may report a generic name."""
-    return {"cpu": _cpu_model(), "cpus": os.cpu_count()}
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": _cpu_model(), "cpus": os.cpu_count(), "cpus_allowed": allowed}
 
 
 def _cpu_model() -> str | None:
