@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from dataclasses import replace
+from typing import Any
 
 from .protocol import Decoder
 from ..ops.delta_rule import delta_rule_chunked_ref, delta_rule_ref
@@ -54,7 +55,15 @@ class ReferenceDecoder(Decoder):
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, cache=self.cache, last_only=True, cores=self.prefill_cores())[:, -1]
+        return self.prefill_checked(input_ids)
+
+    @torch.no_grad()
+    def prefill_checked(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
+                        weights: Any = None) -> torch.Tensor:
+        """:meth:`prefill`; with ``ids_checked`` (``generate`` read them on the host) the ids' range is
+        not read back again (a sync)."""
+        self.model._check_input(input_ids, self.cache, check_ids=not ids_checked)
+        return self.model.forward_checked(input_ids, self.cache, last_only=True, cores=self.prefill_cores())[:, -1]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
