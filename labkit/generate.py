@@ -15,6 +15,7 @@ from .decode.registry import BACKENDS, leased_decoder, make_decoder
 from .model import HybridLM
 from .config import is_int
 from .sampling import SamplingParams, sample
+from .weights import WeightsKey, with_values
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
@@ -206,15 +207,22 @@ def generate(
             cache.reset(zero=zero, keys_values=False)  # the prefill writes the keys and values it reads
             cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
             decoder = make_decoder(backend, model, cache)
+        weights = None
+        if prefix_cache is not None:
+            # the check of the decoder against the weights, as the set-up does it for any decoder, here
+            # with the sampled values a prefix cache keys its snapshots on (a gather and a read to the
+            # host): taken before the clock, as a fused decoder's own check is
+            weights = with_values(model, decoder.checked_weights)
         _sync(model.device)
         setup_s = time.perf_counter() - t_setup
         return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stops, pad, progress,
-                       prefix_cache, setup_s, host_ids)
+                       prefix_cache, setup_s, host_ids, weights)
 
 
 def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, backend: str, params: SamplingParams,
             seed: int | None, stops: torch.Tensor, pad: int, progress: bool | None,
-            prefix_cache: "PrefixCache | None", setup_s: float, host_ids: torch.Tensor | None = None) -> GenerationResult:
+            prefix_cache: "PrefixCache | None", setup_s: float, host_ids: torch.Tensor | None = None,
+            weights: "WeightsKey | None" = None) -> GenerationResult:
     """The timed part of :func:`generate`, once its decoder is ready (and, if pooled, lent to it)."""
     model = decoder.model
     B, T = input_ids.shape
@@ -228,12 +236,13 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     _sync(model.device)
     t0 = time.perf_counter()
     prefix_hit = 0
-    # a fused decoder took the weights key when it was fetched above (refresh), and the ids' range was
-    # checked on the host before the timing: neither is paid twice (a walk of the model, a sync)
+    # a fused decoder took the weights key when it was fetched above (refresh; with a prefix cache, the
+    # key with its fingerprint), and the ids' range was checked on the host before the timing: neither
+    # is paid twice (a walk of the model, a sync)
     if prefix_cache is None:
         logits = decoder.prefill_checked(input_ids, ids_checked=True, weights=decoder.checked_weights)
     else:
-        pre = prefix_cache.prefill(decoder, input_ids, weights=decoder.checked_weights, host_ids=host_ids)
+        pre = prefix_cache.prefill(decoder, input_ids, weights=weights, host_ids=host_ids)
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     _sync(model.device)

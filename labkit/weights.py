@@ -37,7 +37,8 @@ of their values (even through ``.data``) needs nothing rebuilt: the rungs key by
 ``places`` alone (``weights_key(model, values=False)``, :meth:`WeightsKey.same_tensors`) and pay
 nothing for values. A prefix snapshot was computed from the values, so :class:`labkit.PrefixCache`
 reads the fingerprint on every prefill (:func:`values_later`, the two-step form of :func:`with_values`,
-from the rung's key when ``generate`` hands it over: the facts are then not read twice).
+from the rung's key: the facts are then not read twice); ``generate`` reads it in its set-up instead,
+where it checks the decoder against the weights, and hands the whole key over.
 
 When asked for, the fingerprint is read on every call (that is its point): the sampled elements'
 addresses are listed once per memo, as a table of byte spans (:mod:`labkit.ops.copy_spans`) that
