@@ -26,7 +26,8 @@ class GenerationResult:
     tokens: torch.Tensor  # [B, new] generated ids (after a stop token: the pad id)
     prompt_len: int
     # wall time to get the decoder ready, device synchronised: the cache (made, or reset), the
-    # decoder (made, or fetched and checked against the weights) and, when made or when the weights
+    # decoder (made, or fetched and checked against the weights; with a prefix cache, also the
+    # weights' sampled values its snapshots are keyed on) and, when made or when the weights
     # changed, compiling and capturing its graphs. Near zero when generate reuses a pooled decoder.
     setup_s: float
     # time to first token: wall time from the prompt to the first generated token, device
