@@ -550,8 +550,9 @@ class PrefixCache:
         the clock (``generate`` does, before its timing starts, as it does without a prefix cache):
         ``weights``, the model's :func:`~labkit.weights.weights_key` (from the decoder it refreshed;
         with its fingerprint, as ``generate`` reads it in its set-up, nothing is read here; without,
-        the fingerprint is read here, overlapping the look-up's hashing); ``host_ids``, ``input_ids`` copied to the host with their range checked (the look-up hashes
-        the tokens there: without them, a copy and a device sync here)."""
+        the fingerprint is read here, overlapping the look-up's hashing); ``host_ids``, ``input_ids``
+        copied to the host with their range checked (the look-up hashes the tokens there: without
+        them, a copy and a device sync here)."""
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
         model, cache, keys, key = self._check(decoder, input_ids, weights, host_ids)
