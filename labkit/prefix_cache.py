@@ -176,9 +176,6 @@ class _Node:
     state_slot: Slot | None = None  # None: the block's KV only (admission "ends"): a way through, not a hit
     children: _Children = field(default_factory=_Children)  # block_key -> node
     last_used: int = 0
-    # a restore plan was made through it (it may since be dropped): an eviction must look for its
-    # plans; a node only ever stored on a miss has none, and its eviction skips the search
-    planned: bool = False
 
     @property
     def has_states(self) -> bool:
@@ -668,8 +665,6 @@ class PrefixCache:
             plans.move_to_end(key)
         else:
             plan = plans[key] = _RestorePlan(tuple(nodes), self._restore_spans(cache, paths))
-            for node in nodes:
-                node.planned = True
             while len(plans) > self.PLANS_PER_CACHE:
                 plans.popitem(last=False)
         plan.uses += 1
@@ -690,8 +685,6 @@ class PrefixCache:
 
     def _drop_plans(self, node: _Node | None = None) -> None:
         """Forget the restore plans through ``node`` (all of them: None), in every cache's table."""
-        if node is not None and not node.planned:
-            return
         for table in list(self._plan_tables):
             if node is None:
                 table.plans.clear()
