@@ -210,9 +210,8 @@ def generate(
             decoder = make_decoder(backend, model, cache)
         weights = None
         if prefix_cache is not None:
-            # the check of the decoder against the weights, as the set-up does it for any decoder, here
-            # with the sampled values a prefix cache keys its snapshots on (a gather and a read to the
-            # host): taken before the clock, as a fused decoder's own check is
+            # the weights' sampled values the snapshots are keyed on (a gather and a read to the host),
+            # taken with the rest of the check against the weights, before the clock
             weights = with_values(model, decoder.checked_weights)
         _sync(model.device)
         setup_s = time.perf_counter() - t_setup
@@ -237,9 +236,9 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     _sync(model.device)
     t0 = time.perf_counter()
     prefix_hit = 0
-    # a fused decoder took the weights key when it was fetched above (refresh; with a prefix cache, the
-    # key with its fingerprint), and the ids' range was checked on the host before the timing: neither
-    # is paid twice (a walk of the model, a sync)
+    # the weights key was taken in the set-up above (a fused decoder's refresh; with a prefix cache,
+    # generate's read of the fingerprint too), and the ids' range was checked on the host before the
+    # timing: neither is paid twice (a walk of the model, a sync)
     if prefix_cache is None:
         logits = decoder.prefill_checked(input_ids, ids_checked=True, weights=decoder.checked_weights)
     else:
