@@ -28,8 +28,9 @@ a multi-tensor copy per dtype still cost an allocation per tensor and several ke
 per path (:class:`_RestorePlan`). A tail shorter than a block after a hit has no boundary to read:
 the decoder runs the restore and the tail together (``prefill_continuation(before=restore)``), and a
 ``fused+graph`` decoder replays both from one CUDA graph captured per (restored length, tail
-length) (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`): a hit is then the
-host's look-up, a table copy and one replay.
+length) once that shape comes back (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`;
+its first hit runs eagerly, as a prompt length's first prefill does): a hit is then the host's
+look-up, a table copy and one replay.
 A decoder that lends no cores (``prefill_cores()`` is None) is run block by block through its own
 prefill instead.
 Restoring copies stored bytes; a hit gives the logits of no cache at all up to float32 rounding
@@ -394,8 +395,9 @@ class PrefixCache:
 
     @torch.no_grad()
     def warm_up(self, decoder: Decoder) -> float:
-        """Pay the first call's costs now (kernels compile, the miss's and the hit's paths run once,
-        a ``fused+graph`` decoder captures its continuation prefill) on a prompt of its own, then
+        """Pay the first call's costs now (kernels compile, the miss's and the hit's paths run once;
+        a ``fused+graph`` decoder captures a shape's graphs when the shape comes back, so those are
+        paid by the traffic that repeats them) on a prompt of its own, then
         forget it: the trie is empty again and the decoder's cache reset. Returns (and keeps as
         ``warm_up_s``) the seconds it took. The decoder must run this cache's model (else the
         error :meth:`prefill` gives)."""

@@ -173,7 +173,12 @@ def test_a_refresh_drops_the_captured_continuations(graphs):
     prompt = random_prompt(model, 1, 11)
     prefix = labkit.PrefixCache(model, 4, budget_bytes=10**8)
     prefix.prefill(decoder, prompt)  # a miss: stores the snapshots
-    assert prefix.prefill(decoder, prompt).restored == 8  # a hit: the 3-token tail is captured
+    captured = graphs.captures
+    hit = prefix.prefill(decoder, prompt)  # a hit: the 3-token tail runs eagerly
+    assert hit.restored == 8 and rel_err(hit.logits, model(prompt)[:, -1]) < 1e-5
+    assert graphs.captures == captured
+    prefix.prefill(decoder, prompt)  # the shape's second hit: captured
+    assert graphs.captures == captured + 1
     captured = graphs.captures
     prefix.prefill(decoder, prompt)
     assert graphs.captures == captured  # and replayed

@@ -92,10 +92,10 @@ def test_a_short_tail_replays_a_captured_continuation(preset, monkeypatch):
     for p, o in zip(prompts, outs):
         assert torch.equal(o.tokens, labkit.generate(model, p, 4, backend="reference").tokens)
     decoder = make_decoder("fused+graph", model, model.new_cache(1, 32))
-    prefix.prefill(decoder, prompts[0])
-    prefix.prefill(decoder, prompts[2])  # the first hit of this shape captures it
+    prefix.prefill(decoder, prompts[0])  # a hit of 16: the first of this tail shape runs eagerly
+    prefix.prefill(decoder, prompts[2])  # the second captures it
     before = decoder.captures
-    got = prefix.prefill(decoder, prompts[1])  # the second replays the capture
+    got = prefix.prefill(decoder, prompts[1])  # the third replays the capture
     assert decoder.captures == before and got.restored == 16
     assert rel_err(got.logits, model(prompts[1])[:, -1]) < 1e-5
     if DEVICE == "cpu":

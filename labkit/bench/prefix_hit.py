@@ -2,8 +2,8 @@
 
 The case is the TTFT bench's (``bench cache --ttft-cases 4096:64:256``): one prompt of ``prefix``
 cached tokens + a ``tail`` of new ones, batch 1, a :class:`labkit.PrefixCache` of ``block_size``
-blocks holding the prefix after one miss; two warm-up hits come first (the first one captures the
-tail's prefill, with ``fused+graph``). Defaults: Qwen3.5-0.8B bf16 (random weights), ``fused+graph``,
+blocks holding the prefix after one miss; two warm-up hits come first (with ``fused+graph`` the first
+runs the tail eagerly and the second captures its prefill: the tail shape's ``capture_at``). Defaults: Qwen3.5-0.8B bf16 (random weights), ``fused+graph``,
 4,096 + 64 tokens, block 256 on a GPU; tiny-qwen3.5 float32, ``reference``, on a CPU (a smoke run).
 
 - ``hit-timeline``: each hit's wall time (``PrefixCache.prefill``, device synchronised before and
@@ -117,7 +117,7 @@ def hit_timeline(model: HybridLM, backend: str, prefix: int, tail: int, block_si
     pc = PrefixCache(model, block_size, budget_bytes=2**40)
     pc.prefill(dec, prompts[0])  # the miss: stores the snapshots
     for p in prompts[1:3]:
-        pc.prefill(dec, p)  # the first hit captures the tail's graph
+        pc.prefill(dec, p)  # the first hit compiles, the second captures the tail's graph
     wall = []
     for p in prompts[3:]:
         _sync(device)

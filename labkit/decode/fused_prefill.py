@@ -17,7 +17,7 @@ length (the last ``graphs`` lengths kept), once a length comes back (``capture_a
 ``tuning.settings("fused_prefill")``): it pays an eager warm-up and the capture once, later prompts of that
 length replay it, without the host's launch overhead. A prompt that continues cached sequences
 (a prompt's tail after a restored prefix, :meth:`FusedPrefill.prefill_continuation`) is captured
-per (cached length, tail length) and replayed, and so is a miss of :class:`labkit.PrefixCache`
+per (cached length, tail length) once that shape comes back, and replayed, and so is a miss of :class:`labkit.PrefixCache`
 (:meth:`FusedPrefill.prefill_reading`: the prefill with its block boundaries read, per prompt shape).
 """
 
@@ -179,6 +179,17 @@ class FusedPrefill:
         # PrefixCache's misses (prefill_reading): (shape, checkpoint_every) -> (its captured prefill, reader)
         self._reading_graphs: OrderedDict[tuple, tuple[PrefillGraph, Any]] = OrderedDict()
         self._reading_seen: OrderedDict[tuple, int] = OrderedDict()
+        self._continuation_seen: OrderedDict[tuple, int] = OrderedDict()  # prefill_continuation's shapes
+
+    def _capture_due(self, seen: OrderedDict, key: Any) -> bool:
+        """Count one more call of ``key`` in ``seen`` (the 64 latest keys kept) and say whether its
+        capture is due: from its ``capture_at``-th call. A capture costs several eager prefills of its
+        shape, so a shape that never comes back (most prompt lengths, most restored tail lengths of a
+        varied stream) runs eagerly instead."""
+        seen[key] = seen.pop(key, 0) + 1
+        while len(seen) > 64:
+            seen.popitem(last=False)
+        return seen[key] >= self.prefill_policy["capture_at"]
 
     def _forget_prefills(self) -> None:
         """Drop every captured prefill: they bind the plan's weights, which a refresh replaces."""
@@ -226,12 +237,9 @@ class FusedPrefill:
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         eager = not (self.graph_prefill and all(n == 0 for n in cache.host_lengths))
         T = input_ids.shape[1]
-        if not eager:
-            self._prefill_seen[T] = self._prefill_seen.pop(T, 0) + 1
-            while len(self._prefill_seen) > 64:
-                self._prefill_seen.popitem(last=False)
+        due = not eager and self._capture_due(self._prefill_seen, T)
         entry = None if eager else self._prefill_graphs.get(T)
-        if eager or (entry is None and self._prefill_seen[T] < self.prefill_policy["capture_at"]):
+        if eager or (entry is None and not due):
             return self.model.forward_checked(input_ids, cache, last_only=True, cores=self._cores())[:, -1]
         if entry is None:
             t0 = time.perf_counter()
@@ -264,11 +272,9 @@ class FusedPrefill:
         self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (tuple(input_ids.shape), checkpoint_every)
-        self._reading_seen[key] = self._reading_seen.pop(key, 0) + 1
-        while len(self._reading_seen) > 64:
-            self._reading_seen.popitem(last=False)
+        due = self._capture_due(self._reading_seen, key)
         entry = self._reading_graphs.get(key)
-        if entry is None and self._reading_seen[key] < self.prefill_policy["capture_at"]:
+        if entry is None and not due:
             return None
         if entry is None:
             t0 = time.perf_counter()
@@ -313,12 +319,13 @@ class FusedPrefill:
     def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
                              weights: Any = None, before: Any = None) -> torch.Tensor:
         """Last-token logits [B, vocab] after ``input_ids`` [B, T] that continue the cached sequences
-        (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured once per
-        (cached length, T, ``before.key``) and replayed: an eager prefill of a few tokens costs its
-        launches, not its arithmetic. ``before`` (PrefixCache's restore: it writes the cache's states,
+        (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured per
+        (cached length, T, ``before.key``) once that shape comes for the ``capture_at``-th time
+        (eager before, as :meth:`prefill`'s lengths), and replayed: an eager prefill of a few tokens
+        costs its launches, not its arithmetic. ``before`` (PrefixCache's restore: it writes the cache's states,
         the restored keys and values and the lengths) runs right before the tail, inside the captured
-        graph, so that a hit is one replay. The inputs are checked eagerly first; the first call of a
-        shape runs it once outside the capture (kernels compile), putting the states it shifts back
+        graph, so that a hit is one replay. The inputs are checked eagerly first; a capture runs the
+        shape once outside it first (kernels compile), putting the states it shifts back
         (:func:`labkit.decode.graphs.capture`). The returned logits are overwritten by the next
         replay of the same shape (as ``step``'s). Without ``graph``, or for an empty cache, this is
         ``before()`` then :meth:`prefill`.
@@ -334,7 +341,12 @@ class FusedPrefill:
         self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape), None if before is None else before.key)
+        due = self._capture_due(self._continuation_seen, key)
         entry = self._continuations.pop(key, None)
+        if entry is None and not due:  # a tail shape seen too rarely yet to pay a capture: eager
+            if before is not None:
+                before()
+            return self.model.forward_checked(input_ids, cache, last_only=True, cores=self._cores())[:, -1]
         if entry is None:
             entry = self._capture_prefill(input_ids, before=before)
             self.captures += 1
