@@ -9,9 +9,10 @@ import pytest
 from labkit.lab import prefix_cache_report as pcr
 
 
-def _row(workload, policy, budget, hit, restored, ttft, nocache):
+def _row(workload, policy, budget, hit, restored, ttft, nocache, requests_hit=None):
     return dict(workload=workload, policy=policy, budget_snapshots=budget, hit_rate=hit, ceiling_hit_rate=0.9,
-                restored_tokens=restored, ttft_ms_median=ttft, ttft_nocache_ms_median=nocache)
+                restored_tokens=restored, ttft_ms_median=ttft, ttft_nocache_ms_median=nocache, requests=4,
+                requests_hit=(4 if restored else 0) if requests_hit is None else requests_hit)
 
 
 def test_arithmetic_speedup_counts_tokens():
@@ -36,14 +37,32 @@ def test_hit_breakdown_sums_host_restore_and_tail():
 def test_miss_overhead_uses_rows_that_restored_nothing():
     rows = [_row("unrelated", "lru", 8, 0.0, 0, 90.0, 30.0), _row("unrelated", "flops", 8, 0.0, 0, 60.0, 30.0),
             _row("shared-prefix", "lru", 8, 0.5, 100, 10.0, 40.0)]
-    out = pcr.miss_overhead(rows)
+    out = pcr.ttft_over_nocache(rows)
     assert set(out) == {"unrelated"}  # the shared-prefix row hit: not a miss
     assert out["unrelated"]["ratio_min"] == pytest.approx(2.0) and out["unrelated"]["ratio_max"] == pytest.approx(3.0)
     assert out["unrelated"]["nocache_ms"] == 30.0
     # a row with its requests' own ratios gives their median, not the ratio of its two medians
     rows[0]["ttft_ratio_median"] = 1.04
-    assert pcr.miss_overhead(rows)["unrelated"]["ratio_min"] == pytest.approx(1.04)
-    assert pcr.miss_overhead(rows)["unrelated"]["ratio_max"] == pytest.approx(2.0)
+    assert pcr.ttft_over_nocache(rows)["unrelated"]["ratio_min"] == pytest.approx(1.04)
+    assert pcr.ttft_over_nocache(rows)["unrelated"]["ratio_max"] == pytest.approx(2.0)
+
+
+def test_hit_reading_says_whether_hits_paid_and_why_not_on_a_graph_rung():
+    rows = [_row("shared-prefix", "lru", 8, 0.2, 512, 15.0, 6.0), _row("shared-prefix", "lru", 16, 0.4, 1024, 9.0, 6.0),
+            _row("unrelated", "lru", 8, 0.0, 0, 3.8, 3.6)]
+    for r in rows:
+        r["backend"] = "fused+graph"
+    text = pcr.hit_reading(rows)
+    assert "shared-prefix **1.50× to 2.50×**" in text and "unrelated" not in text  # hit rows only
+    assert "cost more than no cache" in text and "replays the CUDA graph" in text
+    for r in rows:
+        r["backend"] = "reference"
+    assert "replays" not in pcr.hit_reading(rows) and "copies" in pcr.hit_reading(rows)
+    rows[0]["ttft_ms_median"], rows[1]["ttft_ms_median"] = 3.0, 4.0
+    assert "faster than no cache" in pcr.hit_reading(rows) and "cost more" not in pcr.hit_reading(rows)
+    assert pcr.hit_reading(rows[2:]) == ""  # no row hit
+    rows[0]["requests_hit"], rows[1]["requests_hit"] = 1, 1  # a hit or two among misses: the rows read as misses' rows
+    assert pcr.hit_reading(rows) == "" and "shared-prefix" not in pcr.ttft_over_nocache(rows)
 
 
 def _reading_rows(multi_turn_hits, shared_hits):
