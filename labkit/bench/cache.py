@@ -191,7 +191,7 @@ def time_ttft(model: HybridLM, backend: str, prefix: int, suffix: int, block_siz
         row.logit_err_hit, row.logit_err_split = _rel(hit, whole), _rel(split, whole)
         row.ttft_nocache_ms = _ms(statistics.median(plain[1:]))
         row.ttft_miss_ms, row.ttft_first_hit_ms = _ms(times[0]), _ms(times[1])
-        # steady hits: from the third request on (fused+graph captures the tail at the second hit)
+        # steady hits: the hits after the second (fused+graph captures the tail's graph at the second)
         row.ttft_hit_ms = _ms(statistics.median(times[3:]))
         row.setup_nocache_ms = _ms(statistics.median(setups[1:]))
         row.setup_hit_ms = _ms(statistics.median(hit_setups[3:]))
