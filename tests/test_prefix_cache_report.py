@@ -34,7 +34,7 @@ def test_hit_breakdown_sums_host_restore_and_tail():
         pcr.hit_breakdown({}, host)
 
 
-def test_miss_overhead_uses_rows_that_restored_nothing():
+def test_ttft_over_nocache_of_misses_uses_rows_that_restored_nothing():
     rows = [_row("unrelated", "lru", 8, 0.0, 0, 90.0, 30.0), _row("unrelated", "flops", 8, 0.0, 0, 60.0, 30.0),
             _row("shared-prefix", "lru", 8, 0.5, 100, 10.0, 40.0)]
     out = pcr.ttft_over_nocache(rows)

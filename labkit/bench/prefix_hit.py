@@ -3,8 +3,8 @@
 The case is the TTFT bench's (``bench cache --ttft-cases 4096:64:256``): one prompt of ``prefix``
 cached tokens + a ``tail`` of new ones, batch 1, a :class:`labkit.PrefixCache` of ``block_size``
 blocks holding the prefix after one miss; two warm-up hits come first (with ``fused+graph`` the first
-runs the tail eagerly and the second captures its prefill: the tail shape's ``capture_at``). Defaults: Qwen3.5-0.8B bf16 (random weights), ``fused+graph``,
-4,096 + 64 tokens, block 256 on a GPU; tiny-qwen3.5 float32, ``reference``, on a CPU (a smoke run).
+runs the tail eagerly and the second captures its prefill: the tail shape's ``capture_at``).
+Defaults: Qwen3.5-0.8B bf16 (random weights), ``fused+graph``, 4,096 + 64 tokens, block 256 on a GPU; tiny-qwen3.5 float32, ``reference``, on a CPU (a smoke run).
 
 - ``hit-timeline``: each hit's wall time (``PrefixCache.prefill``, device synchronised before and
   after), the device time of every kernel and copy the hit runs (``torch.profiler``, graph kernels

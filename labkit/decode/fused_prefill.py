@@ -17,8 +17,9 @@ length (the last ``graphs`` lengths kept), once a length comes back (``capture_a
 ``tuning.settings("fused_prefill")``): it pays an eager warm-up and the capture once, later prompts of that
 length replay it, without the host's launch overhead. A prompt that continues cached sequences
 (a prompt's tail after a restored prefix, :meth:`FusedPrefill.prefill_continuation`) is captured
-per (cached length, tail length) once that shape comes back, and replayed, and so is a miss of :class:`labkit.PrefixCache`
-(:meth:`FusedPrefill.prefill_reading`: the prefill with its block boundaries read, per prompt shape).
+per (cached length, tail length) once that shape comes back, and replayed, and so is a miss of
+:class:`labkit.PrefixCache` (:meth:`FusedPrefill.prefill_reading`: the prefill with its block
+boundaries read, per prompt shape).
 """
 
 from __future__ import annotations
@@ -322,8 +323,8 @@ class FusedPrefill:
         (a prompt's tail after a restored prefix). With ``graph``, the prefill is captured per
         (cached length, T, ``before.key``) once that shape comes for the ``capture_at``-th time
         (eager before, as :meth:`prefill`'s lengths), and replayed: an eager prefill of a few tokens
-        costs its launches, not its arithmetic. ``before`` (PrefixCache's restore: it writes the cache's states,
-        the restored keys and values and the lengths) runs right before the tail, inside the captured
+        costs its launches, not its arithmetic. ``before`` (PrefixCache's restore: it writes the
+        cache's states, the restored keys and values and the lengths) runs right before the tail, inside the captured
         graph, so that a hit is one replay. The inputs are checked eagerly first; a capture runs the
         shape once outside it first (kernels compile), putting the states it shifts back
         (:func:`labkit.decode.graphs.capture`). The returned logits are overwritten by the next

@@ -76,16 +76,16 @@ def ttft_over_nocache(rows: list[dict], hits: bool = False) -> dict:
     """
     out = {}
     for name in sorted({r["workload"] for r in rows}):
-        misses = [r for r in rows if r["workload"] == name
+        chosen = [r for r in rows if r["workload"] == name
                   and (2 * r.get("requests_hit", r["requests"]) >= r["requests"] if hits else True)
                   and (r["restored_tokens"] > 0) == hits]
-        if not misses:
+        if not chosen:
             continue
-        ratios = [r.get("ttft_ratio_median", math.nan) for r in misses]
-        ratios = [p if p == p else r["ttft_ms_median"] / r["ttft_nocache_ms_median"] for p, r in zip(ratios, misses)]
+        ratios = [r.get("ttft_ratio_median", math.nan) for r in chosen]
+        ratios = [p if p == p else r["ttft_ms_median"] / r["ttft_nocache_ms_median"] for p, r in zip(ratios, chosen)]
         out[name] = dict(ratio_min=min(ratios), ratio_max=max(ratios),
-                         ttft_ms=statistics.median(r["ttft_ms_median"] for r in misses),
-                         nocache_ms=statistics.median(r["ttft_nocache_ms_median"] for r in misses))
+                         ttft_ms=statistics.median(r["ttft_ms_median"] for r in chosen),
+                         nocache_ms=statistics.median(r["ttft_nocache_ms_median"] for r in chosen))
     return out
 
 
