@@ -5,7 +5,7 @@ saves it, and nothing else changes; a second run changes nothing."""
 import json
 
 from labkit.__main__ import main
-from labkit.lab.notebooks import INJECTED, _nbformat_json, lab_metadata, strip_notebook
+from labkit.lab.notebooks import INJECTED, _nbformat_json, colab_cells, lab_metadata, strip_notebook
 
 
 def _notebook(metadata: dict) -> dict:
@@ -29,6 +29,22 @@ def test_strip_normalises_metadata_and_drops_the_injected_cell(tmp_path):
     assert nb["metadata"]["papermill"] == {"duration": 1.5}  # the run's own record stays
     assert [c["id"] for c in nb["cells"]] == ["a1"] and nb["cells"][0]["outputs"][0]["text"] == ["kept\n"]
     assert strip_notebook(path) == [] and path.read_text(encoding="utf-8") == text
+
+
+def test_strip_leaves_the_colab_cells_as_colab_cells_makes_them(tmp_path):
+    path = tmp_path / "03_x.ipynb"
+    nb = _notebook(lab_metadata())
+    ran = colab_cells(path.name)
+    for cell in ran:  # what a papermill run leaves on them
+        cell["metadata"]["papermill"] = {"duration": 0.01, "status": "completed"}
+    ran[1].update(execution_count=1, outputs=[{"name": "stdout", "output_type": "stream", "text": ["x\n"]}])
+    nb["cells"] = ran + nb["cells"][:1]
+    path.write_text(_nbformat_json(nb) + "\n", encoding="utf-8")
+    assert strip_notebook(path) == ["left the Colab cells un-run", "wrote it as JupyterLab saves it"]
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert cells[:2] == colab_cells(path.name)
+    assert cells[2]["execution_count"] == 3 and cells[2]["outputs"]  # other cells keep what the run gave
+    assert strip_notebook(path) == []
 
 
 def test_lab_metadata_is_the_kernel_make_lab_installs():

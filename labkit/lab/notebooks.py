@@ -161,15 +161,37 @@ def normalise_metadata(nb: dict) -> bool:
     return changed
 
 
+def unrun_colab_cells(nb: dict) -> bool:
+    """Give the Colab cells of the notebook ``nb`` (its JSON, changed in place) the metadata, outputs
+    and execution count :func:`colab_cells` gives them, keeping their ids and sources; True if any
+    changed. A committed notebook opens on Colab with the install cell not yet run."""
+    changed = False
+    for cell in nb["cells"]:
+        tags = set(cell.get("metadata", {}).get("tags", [])) & {COLAB_BADGE, COLAB_INSTALL}
+        if not tags:
+            continue
+        want = {"metadata": {"tags": sorted(tags)}}
+        if cell["cell_type"] == "code":
+            want.update(outputs=[], execution_count=None)
+        for k, v in want.items():
+            if cell.get(k) != v:
+                cell[k] = v
+                changed = True
+    return changed
+
+
 def strip_notebook(path: str | Path) -> list[str]:
     """What ``python -m labkit strip-notebooks`` does to one notebook before it is committed: drop
-    papermill's injected-parameters cell (:func:`drop_injected_parameters`) and normalise the
-    metadata to what JupyterLab writes (:func:`normalise_metadata`), in the layout it saves
-    (:func:`lab_layout`). Returns what changed."""
+    papermill's injected-parameters cell (:func:`drop_injected_parameters`), put the Colab cells
+    back as :func:`colab_cells` makes them (a run executes the install cell, which only acts on
+    Colab, and records its timings) and normalise the metadata to what JupyterLab writes
+    (:func:`normalise_metadata`), in the layout it saves (:func:`lab_layout`). Returns what changed."""
     path = Path(path)
     done = ["removed the injected-parameters cell"] if drop_injected_parameters(path) else []
     text = path.read_text(encoding="utf-8")
     nb = json.loads(text)
+    if unrun_colab_cells(nb):
+        done.append("left the Colab cells un-run")
     if normalise_metadata(nb):
         done.append("normalised kernelspec and language_info")
     if lab_layout(nb) != text:
