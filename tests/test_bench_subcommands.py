@@ -1,6 +1,7 @@
 """CPU smoke runs of the bench subcommands that replaced tools/gpu_experiments (tiny presets, the
 reference backend, seconds each); the GPU-only ones are checked up to where they need the GPU."""
 
+import inspect
 import json
 import shlex
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from labkit.__main__ import main
+from labkit.prefix_cache import _Restore
 
 HIT = ["--prefix", "32", "--tail", "5", "--block-size", "16", "--device", "cpu"]
 
@@ -33,11 +35,15 @@ def test_hit_host_breaks_a_hit_down_and_checks_it_against_no_cache(tmp_path):
     doc = _doc(tmp_path, "h")
     whole, host = doc["hit: pc.prefill, real tail (ms)"], doc["hit: pc.prefill, tail stubbed = host side (ms)"]
     assert 0 < host < whole  # the stub leaves the tail's prefill out
-    assert 0 < doc["restore: the copies (ms)"] < host  # the stubbed hit runs the restore, and more
+    # the real hit runs the restore and a tail prefill; two medians of two CPU calls are too noisy to
+    # order the restore against the stubbed hit's host side (a loaded CI machine reversed them)
+    assert 0 < doc["restore: the copies (ms)"] < whole
     assert doc["tail prefill (5 tokens) (ms)"] > 0 and doc["python calls: weights_key"] > 0
     assert doc["hit vs no cache: rel err of last logits"] < 1e-5  # float32, the same maths
     functions = [r["function"] for r in doc["host side by function (cProfile, its overhead included)"]]
     assert any(f.startswith("labkit/prefix_cache.py:") and f.endswith("(prefill)") for f in functions)
+    restore = f"labkit/prefix_cache.py:{inspect.getsourcelines(_Restore.__call__)[1]}(__call__)"
+    assert restore in functions  # the stubbed hit runs the restore, as the real one does
 
 
 def test_a_hit_needs_a_prefix_of_at_least_one_block(tmp_path, capsys):
