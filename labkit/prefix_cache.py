@@ -25,12 +25,13 @@ evictions, and everything a call stores is one table of byte spans run in one la
 a multi-tensor copy per dtype still cost an allocation per tensor and several kernels). Under
 ``fused+graph`` a miss into a fresh cache is itself captured per prompt shape and replayed
 (:meth:`labkit.decode.Decoder.prefill_reading`). A hit's restore is one span table too, made once
-per path (:class:`_RestorePlan`). A tail shorter than a block after a hit has no boundary to read:
-the decoder runs the restore and the tail together (``prefill_continuation(before=restore)``), and a
-``fused+graph`` decoder replays both from one CUDA graph captured per (restored length, tail
-length) once that shape comes back (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_continuation`;
-its first hit runs eagerly, as a prompt length's first prefill does): a hit is then the host's
-look-up, a table copy and one replay.
+per path (:class:`_RestorePlan`), and the decoder runs it together with the tail: a tail shorter
+than a block has no boundary to read (``prefill_continuation(before=restore)``), a longer one has
+its boundaries read as a miss's are (``prefill_reading(..., before=restore)``). A ``fused+graph``
+decoder replays the restore and the tail from one CUDA graph captured per (restored length, tail
+shape) once that shape comes back (:mod:`labkit.decode.fused_prefill`; its first hit runs eagerly,
+as a prompt length's first prefill does): a hit is then the host's look-up, a table copy and one
+replay.
 A decoder that lends no cores (``prefill_cores()`` is None) is run block by block through its own
 prefill instead.
 Restoring copies stored bytes; a hit gives the logits of no cache at all up to float32 rounding
@@ -595,8 +596,6 @@ class PrefixCache:
             # no boundary to read: replayable (fused+graph); the ids and the weights were checked here already
             logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key, before=restore)
             return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
-        if restore is not None:
-            restore()
         store = self.last_copies = _Store(CacheSpans.of(cache, self._layout))
         if not start and not count:  # nothing to read or restore: the decoder's own prefill (replayable)
             return PrefixPrefill(logits=decoder.prefill_checked(input_ids, ids_checked=True, weights=key), restored=0,
@@ -604,14 +603,16 @@ class PrefixCache:
         # the delta rule's state checkpoints at the block boundaries, where the decoder's rule takes them
         multiple = decoder.checkpoint_multiple
         every = bs if count and multiple and bs % multiple == 0 else None
-        read = base = None
-        if not start:  # a miss into a fresh cache: the rung may run it as its own prefill (fused+graph: replayed)
-            read = decoder.prefill_reading(input_ids, every,
-                                           lambda cores, taken: _BoundaryStates(cores, taken, cache, bs, count),
-                                           ids_checked=True, weights=key)
+        base = None
+        # the rung may run the rest as its own prefill, the restore first (fused+graph: one replay of both)
+        read = decoder.prefill_reading(input_ids[:, start:], every,
+                                       lambda cores, taken: _BoundaryStates(cores, taken, cache, bs, count),
+                                       ids_checked=True, weights=key, before=restore)
         if read is not None:
             logits, boundaries = read
         else:
+            if restore is not None:
+                restore()
             checkpoints = [] if every else None
             base = decoder.prefill_cores(every, checkpoints) if every else decoder.prefill_cores()
             if base is None:  # it lends none: its own prefill, block by block

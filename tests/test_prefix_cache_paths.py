@@ -3,8 +3,9 @@
 - snapshots read during one prefill of the rest (the chunk kernel's state checkpoints where the
   block is a multiple of its chunk, the delta rule cut at boundaries elsewhere) are exact on both
   shipped checkpoints;
-- a hit whose tail is shorter than a block replays a captured continuation prefill (fused+graph;
-  on a CPU through conftest's stand-in for CUDA graphs);
+- a hit whose tail is shorter than a block replays a captured continuation prefill, and one whose
+  tail reaches a boundary a captured prefill that reads the boundaries, the restore inside both
+  (fused+graph; on a CPU through conftest's stand-in for CUDA graphs);
 - ``labkit.generate(..., prefix_cache=...)`` reports its hit and keeps the tokens;
 - the workloads are deterministic; the cache anatomy counts the right bytes; bf16 snapshots cost
   a measured error.
@@ -100,6 +101,35 @@ def test_a_short_tail_replays_a_captured_continuation(preset, monkeypatch):
     assert rel_err(got.logits, model(prompts[1])[:, -1]) < 1e-5
     if DEVICE == "cpu":
         assert graphs.captures >= 2 and graphs.replays > 0
+
+
+@pytest.mark.parametrize("block", [8, 64])
+@pytest.mark.parametrize("preset", ["tiny-lfm2", "tiny-qwen3.5"])
+def test_a_tail_past_a_boundary_replays_the_restore_and_its_reading_in_one_graph(preset, block, monkeypatch):
+    """A hit whose tail reaches a block boundary: the restore and the tail's prefill, its boundaries
+    read for new snapshots, captured together (FusedPrefill.prefill_reading with before=) once the
+    shape comes back, then replayed. The logits are no cache's, and the snapshot the replay read
+    past the restored prefix restores exactly. Block 64 (the chunk kernel's checkpoints taken from a
+    restored state) on a GPU only: the interpreter is slow at that length."""
+    if block == 64 and DEVICE == "cpu":
+        pytest.skip("block 64 runs on a GPU (the interpreter is slow at that length)")
+    if DEVICE == "cpu":
+        monkeypatch.setattr(graph_seam, "GRAPHS", RecordingGraphs())
+    model = labkit.build(preset, dtype=torch.float32, device=DEVICE, seed=3)
+    prefix = labkit.PrefixCache(model, block, budget_bytes=10**8)
+    decoder = make_decoder("fused+graph", model, model.new_cache(1, 4 * block))
+    shared = _ids(model.cfg.vocab_size, 2 * block, seed=1)
+    prompts = [torch.cat([shared, _ids(model.cfg.vocab_size, block + 3, seed=s)], 1) for s in range(2, 6)]
+    assert prefix.prefill(decoder, prompts[0]).restored == 0  # a miss: stores the shared blocks
+    due = decoder.prefill_policy["capture_at"]
+    for i, p in enumerate(prompts[1:], start=1):
+        captures = decoder.prefill_captures
+        got = prefix.prefill(decoder, p)
+        assert got.restored == 2 * block and rel_err(got.logits, model(p)[:, -1]) < 1e-5
+        assert decoder.prefill_captures - captures == (i == due)  # eager until due, then one capture
+        assert len(decoder._reading_graphs) == (i >= due) + (due == 1)  # and the miss's, if it was due at once
+        again = prefix.prefill(decoder, p)  # the block the tail's prefill read, restored
+        assert again.restored == 3 * block and rel_err(again.logits, model(p)[:, -1]) < 1e-5
 
 
 def test_workloads_are_deterministic_and_shaped():

@@ -259,20 +259,23 @@ class FusedPrefill:
     @torch.no_grad()
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
                         reader: Any, *, ids_checked: bool = False,
-                        weights: Any = None) -> tuple[torch.Tensor, Any] | None:
-        """A prefill into a fresh cache through the cores ``reader(cores, checkpoints)`` wraps (what
-        :class:`labkit.PrefixCache` reads a miss's block boundaries with), captured and replayed as
-        :meth:`prefill` is: under fused+graph, per (prompt shape, ``checkpoint_every``) once it comes
-        for the ``capture_at``-th time; the reader of the capture is returned with the logits, its
-        tensors rewritten by every replay (read them before the next). None where it is not
-        captured (no graph, a cache holding tokens, a shape not yet due): the caller runs it eagerly.
-        ``ids_checked``, ``weights``: as for :meth:`prefill_continuation`."""
+                        weights: Any = None, before: Any = None) -> tuple[torch.Tensor, Any] | None:
+        """A prefill through the cores ``reader(cores, checkpoints)`` wraps (what :class:`labkit.PrefixCache`
+        reads the block boundaries with), into a fresh cache (a miss) or, with ``before`` (a hit's
+        restore, as for :meth:`prefill_continuation`), after a restored prefix (a hit whose tail
+        reaches a boundary), captured and replayed as :meth:`prefill` is: under fused+graph, per
+        (cached lengths, prompt shape, ``checkpoint_every``, ``before.key``) once it comes for the
+        ``capture_at``-th time, ``before`` inside the graph; the reader of the capture is returned with
+        the logits, its tensors rewritten by every replay (read them before the next). None where it is
+        not captured (no graph, a cache holding tokens without ``before``, a shape not yet due): the
+        caller runs ``before`` and the prefill eagerly. ``ids_checked``, ``weights``: as for
+        :meth:`prefill_continuation`."""
         cache = self.cache
-        if not (self.graph_prefill and all(n == 0 for n in cache.host_lengths)):
+        if not self.graph_prefill or (before is None and any(cache.host_lengths)):
             return None
         self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
-        key = (tuple(input_ids.shape), checkpoint_every)
+        key = (cache.host_lengths, tuple(input_ids.shape), checkpoint_every, None if before is None else before.key)
         due = self._capture_due(self._reading_seen, key)
         entry = self._reading_graphs.get(key)
         if entry is None and not due:
@@ -281,7 +284,7 @@ class FusedPrefill:
             t0 = time.perf_counter()
             checkpoints: list[torch.Tensor] | None = [] if checkpoint_every else None
             read = reader(self.prefill_cores(checkpoint_every, checkpoints), checkpoints)
-            graph = self._capture_prefill(input_ids, read.cores, before=read.begin)
+            graph = self._capture_prefill(input_ids, read.cores, before=_then(before, read.begin))
             entry = self._reading_graphs[key] = (graph, read)
             self.last_prefill_capture_s = time.perf_counter() - t0
             self.prefill_captures += 1
@@ -358,3 +361,15 @@ class FusedPrefill:
         entry.graph.replay()
         cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
+
+
+def _then(first: Callable[[], None] | None, second: Callable[[], None]) -> Callable[[], None]:
+    """``second`` after ``first`` (None: ``second`` alone), as one callable."""
+    if first is None:
+        return second
+
+    def both() -> None:
+        first()
+        second()
+
+    return both

@@ -23,12 +23,14 @@ decoder's attributes: a rung overrides what it does better than the default.
   right before it on the device (PrefixCache's restore: a callable with a hashable ``key``), run by
   the rung as part of the tail (a rung that captures the tail in a CUDA graph captures it too, and
   keys the graph by ``before.key`` as well); default: ``before()``, then :meth:`prefill`.
-- ``prefill_reading(input_ids, checkpoint_every, reader, ids_checked=, weights=) -> (logits, read) | None``: a prefill into a
-  fresh cache through cores that ``reader(cores, checkpoints)`` wraps (PrefixCache's boundary
-  reader; it returns an object with ``.cores`` and ``.begin()``, called before each forward), run
-  the way the rung runs its own prefill (``fused+graph``: captured per prompt shape and replayed,
-  the reader's tensors then being the graph's outputs, rewritten by each replay). ``None`` (the
-  default, and a rung's answer when it would not capture this call): the caller runs the forward
+- ``prefill_reading(input_ids, checkpoint_every, reader, ids_checked=, weights=, before=) -> (logits, read) | None``:
+  a prefill through cores that ``reader(cores, checkpoints)`` wraps (PrefixCache's boundary
+  reader; it returns an object with ``.cores`` and ``.begin()``, called before each forward), into
+  a fresh cache (a miss) or, with ``before`` (as for ``prefill_continuation``: a hit's restore, run
+  first), after a restored prefix, run the way the rung runs its own prefill (``fused+graph``:
+  captured per shape with ``before`` inside and replayed, the reader's tensors then being the
+  graph's outputs, rewritten by each replay). ``None`` (the default, and a rung's answer when it
+  would not capture this call; ``before`` not run): the caller runs ``before`` and the forward
   itself, eagerly, with ``prefill_cores``. ``ids_checked``, ``weights``: as for
   ``prefill_continuation`` (the caller has checked the token ids' range on the host, reading them
   from the device being a sync; the model's weights key, just taken).
@@ -90,7 +92,7 @@ class Decoder:
 
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
                         reader: Any, *, ids_checked: bool = False,
-                        weights: Any = None) -> tuple[torch.Tensor, Any] | None:
+                        weights: Any = None, before: Any = None) -> tuple[torch.Tensor, Any] | None:
         return None
 
     @property

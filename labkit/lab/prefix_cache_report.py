@@ -108,11 +108,11 @@ def hit_reading(rows: list[dict]) -> str:
     text += f" **Hits cost more than no cache** on {_listed(slower)}, though they prefill fewer tokens."
     if "fused+graph" in {r["backend"] for r in rows if r["restored_tokens"] and r["workload"] in slower}:
         text += (" **Revised model:** on `fused+graph` a prompt without the cache replays the CUDA graph of its "
-                 "length once that length has come before, while a hit whose tail reaches a block boundary runs "
-                 "that tail eagerly, reading the boundary states as it goes (the prefill that reads boundaries is "
-                 "captured only into an empty cache). On a model this small, launches set the time, not "
-                 "arithmetic, so the replay wins. After a restore only a tail shorter than a block is captured "
-                 "and replayed: the 4,096 + 64 case further on is one.")
+                 "length once that length has come before, and a hit replays one graph of its restore and its "
+                 "tail once the hit's shape (restored length, tail length) has come before; until then it runs "
+                 "eagerly, and a hit whose tail reaches a block boundary also stores that boundary's snapshot. "
+                 "On a model this small, launches set the time, not arithmetic: an eager hit, or one that "
+                 "replays and then stores, costs more than one replay of the whole prompt.")
     else:
         text += " The restore's copies and the new boundaries' snapshots cost more than the tokens they save."
     return text
