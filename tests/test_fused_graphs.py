@@ -164,6 +164,39 @@ def test_prefill_graphs_per_length_match_the_eager_prefill(graphs):
     assert graphs.captures == captures and rel_err(graph_more, eager_more) < 1e-6
 
 
+@pytest.mark.parametrize("modify", [_modify_by_replacing, _modify_in_place], ids=["replaced", "in-place"])
+def test_a_replayed_prefill_checks_the_weights_while_it_runs(modify, graphs):
+    """decoder.prefill of a captured length replays first and checks the weights while it runs (the
+    graph holds the tensors it was captured with, so a stale replay reads memory still theirs). When
+    they changed, that replay's result is dropped: the cache is reset and the prompt prefilled anew,
+    so the logits and the cache are the new weights' (device lengths counted once, not twice)."""
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=3)
+    decoder = make_decoder("fused+graph", model, model.new_cache(1, 16))
+    prompt = random_prompt(model, 1, 6, seed=1)
+    for _ in range(decoder.prefill_policy["capture_at"]):
+        decoder.cache.reset()
+        decoder.prefill(prompt)
+    entry = decoder._prefill_graphs[6]
+    old = model.layers[-1].mlp.down
+    assert any(t.data_ptr() == old.data_ptr() for t in entry.tensors)
+    replays, captures = graphs.replays, decoder.prefill_captures
+    decoder.cache.reset()
+    assert rel_err(decoder.prefill(prompt), model(prompt)[:, -1]) < 1e-6
+    assert graphs.replays == replays + 1 and decoder.prefill_captures == captures  # replayed, nothing else
+    replays = graphs.replays
+    modify(model)
+    want = model(prompt)[:, -1]
+    decoder.cache.reset()
+    captures = decoder.prefill_captures
+    got = decoder.prefill(prompt)
+    # the stale replay, then the refresh dropped the graph and this length, frequent, is captured anew
+    assert graphs.replays > replays + 1 and decoder.prefill_captures == captures + 1
+    assert rel_err(got, want) < 1e-6
+    assert decoder.cache.host_lengths == (6,) and decoder.cache.lengths.tolist() == [6]
+    token = got.argmax(-1)
+    assert torch.equal(decoder.step_greedy(token), model(torch.cat([prompt, token[:, None]], 1))[:, -1].argmax(-1))
+
+
 def test_a_refresh_drops_the_captured_continuations(graphs):
     """A captured continuation (the tail after a restored prefix, FusedPrefill.prefill_continuation)
     binds the weights of its capture, as a real CUDA graph binds their tensors: after the weights
