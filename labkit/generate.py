@@ -15,7 +15,7 @@ from .decode.registry import BACKENDS, leased_decoder, make_decoder
 from .model import HybridLM
 from .config import is_int
 from .sampling import SamplingParams, sample
-from .weights import WeightsKey, with_values
+from .weights import WeightsKey, weights_key
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
@@ -26,12 +26,14 @@ class GenerationResult:
     tokens: torch.Tensor  # [B, new] generated ids (after a stop token: the pad id)
     prompt_len: int
     # wall time to get the decoder ready, device synchronised: the cache (made, or reset), the
-    # decoder (made, or fetched and checked against the weights; with a prefix cache, also the
-    # weights' sampled values its snapshots are keyed on) and, when made or when the weights
-    # changed, compiling and capturing its graphs. Near zero when generate reuses a pooled decoder.
+    # decoder (made, or fetched; with a prefix cache, the weights' key its snapshots are checked
+    # against, sampled values included) and, when made, compiling and capturing its graphs. Near
+    # zero when generate reuses a pooled decoder.
     setup_s: float
     # time to first token: wall time from the prompt to the first generated token, device
-    # synchronised: the prefill and the first token's sampling (set-up not included)
+    # synchronised: the prefill and the first token's sampling (set-up not included). The prefill
+    # checks the decoder against the weights (under fused+graph while the prompt's graph runs) and,
+    # when they changed, rebuilds and recaptures: that is in this time too
     ttft_s: float
     decode_s: float  # wall time of the decode steps after the first token
     steps: int  # decode steps timed in decode_s
@@ -210,9 +212,9 @@ def generate(
             decoder = make_decoder(backend, model, cache)
         weights = None
         if prefix_cache is not None:
-            # the weights' sampled values the snapshots are keyed on (a gather and a read to the host),
-            # taken with the rest of the check against the weights, before the clock
-            weights = with_values(model, decoder.checked_weights)
+            # the weights' key the snapshots are checked against, sampled values included (a walk of
+            # the tensors, a gather and a read to the host), before the clock: the cache hands it on
+            weights = weights_key(model)
         _sync(model.device)
         setup_s = time.perf_counter() - t_setup
         return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stops, pad, progress,
@@ -236,11 +238,11 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     _sync(model.device)
     t0 = time.perf_counter()
     prefix_hit = 0
-    # the weights key was taken in the set-up above (a fused decoder's refresh; with a prefix cache,
-    # generate's read of the fingerprint too), and the ids' range was checked on the host before the
-    # timing: neither is paid twice (a walk of the model, a sync)
+    # the ids' range was checked before the timing (not read again: a sync); with a prefix cache the
+    # weights' key too, which the cache hands on. Without one, the prefill checks the weights itself,
+    # under fused+graph while the prompt's graph runs (FusedPrefill.prefill_checked)
     if prefix_cache is None:
-        logits = decoder.prefill_checked(input_ids, ids_checked=True, weights=decoder.checked_weights)
+        logits = decoder.prefill_checked(input_ids, ids_checked=True)
     else:
         pre = prefix_cache.prefill(decoder, input_ids, weights=weights, host_ids=host_ids)
         logits, prefix_hit = pre.logits, pre.restored

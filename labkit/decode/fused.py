@@ -24,9 +24,10 @@ replayed per token:
 
 A decoder lives with its cache (``cache.attachments``), and ``generate`` keeps caches per model
 (see :func:`labkit.decode.registry.pooled_decoder`), so graphs are captured once and replayed by later
-calls. A graph replays the tensors it captured: before each prefill the decoder checks that the
-model still holds the same weights (:func:`labkit.weights.weights_key`), and otherwise rebuilds its
-plan and recaptures.
+calls. A graph replays the tensors it captured: each prefill checks that the model still holds the
+same weights (:func:`labkit.weights.weights_key`), and otherwise rebuilds the plan and recaptures;
+a prompt length with a captured graph replays it first and is checked while it runs (a replay on
+replaced weights reads the old ones, which its graph holds, and is dropped).
 
 The prefill (the model's forward with fused cores, and its graphs) is :mod:`labkit.decode.fused_prefill`.
 ``step`` returns the logits in a buffer that the next step overwrites; ``step_greedy`` returns next
@@ -116,14 +117,15 @@ class FusedDecoder(FusedPrefill, Decoder):
     @property
     def checked_weights(self) -> WeightsKey | None:
         """The model's :func:`weights_key` as the latest :meth:`refresh` took it (None before one
-        succeeded): a caller that has just refreshed the decoder (``generate``, through
-        ``fused_decoder``) passes it on instead of taking the key again."""
+        succeeded): a caller that has just refreshed the decoder passes it on instead of taking the
+        key again (a decoder fetched by ``fused_decoder`` has not been: its next prefill checks)."""
         return self._weights
 
     def refresh(self, weights: WeightsKey | None = None) -> bool:
         """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were
         made: replaced, modified in place, or moved. True when it rebuilt. Called by every prefill
-        and when ``generate`` reuses the decoder: once per sequence, never per token. ``weights``:
+        (under fused+graph, while a captured prompt length's graph runs): once per sequence, never
+        per token. ``weights``:
         the model's :func:`weights_key`, when the caller has just taken it (walking the model costs
         ~0.2 ms on Qwen3.5-0.8B)."""
         key = weights_key(self.model, values=False) if weights is None else weights
@@ -254,11 +256,13 @@ class FusedDecoder(FusedPrefill, Decoder):
 def fused_decoder(model: HybridLM, cache: HybridCache, *, graph: bool = False, pdl: bool = False) -> FusedDecoder:
     """A FusedDecoder for (model, cache), reused while the cache lives: captured graphs stay valid
     because the cache never moves its buffers (``cache.reset()`` zeroes them in place), and they are
-    recaptured if the model's tensors changed (:meth:`FusedDecoder.refresh`)."""
+    recaptured if the model's tensors changed (:meth:`FusedDecoder.refresh`). A reused decoder is
+    checked against the weights by its next prefill, as every prefill is (under fused+graph while
+    the prompt's graph runs), not here: a check here would be a second walk of the model, ahead of
+    the prefill, on every ``generate`` call."""
     key = ("labkit.decode.fused", id(model), graph, pdl)
     decoder = cache.attachments.get(key)
     if isinstance(decoder, FusedDecoder) and decoder.model is model:
-        decoder.refresh()
         return decoder
     decoder = FusedDecoder(model, cache, graph=graph, pdl=pdl)
     cache.attachments[key] = decoder
