@@ -28,9 +28,11 @@ few C-level passes (``map`` over the memo's lists, no Python call per tensor) ev
 that each entry is still the very object seen, and each tensor's address, version, shape and
 dtype; any difference, or a module or tensor that died, and the key is walked again. On the H200
 machine's host the memoized facts took 0.219 ms against the walk's 0.232 (data/bench/nvidia-h200/
-hit-host.json): the saving that counts is taking the key once per call (``generate`` hands the
-fused decoder's freshly checked key to :meth:`labkit.PrefixCache.prefill`, or without a prefix
-cache to the decoder's ``prefill_checked``, so that none is taken inside its time to first token).
+hit-host.json): the savings that count are taking the key once per call (``generate`` takes it in
+its set-up with a prefix cache and hands it to :meth:`labkit.PrefixCache.prefill`, which hands it
+to the decoder), and taking it while the device works (without a prefix cache, a ``fused+graph``
+prefill of a captured length replays its graph first and takes the key meanwhile:
+:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_checked`).
 
 Who reads the fingerprint. A plan or a captured graph reads the tensors where they are, so an edit
 of their values (even through ``.data``) needs nothing rebuilt: the rungs key by ``layout`` and
@@ -38,7 +40,7 @@ of their values (even through ``.data``) needs nothing rebuilt: the rungs key by
 nothing for values. A prefix snapshot was computed from the values, so :class:`labkit.PrefixCache`
 reads the fingerprint on every prefill (:func:`values_later`, the two-step form of :func:`with_values`,
 from the rung's key: the facts are then not read twice); ``generate`` reads it in its set-up instead,
-where it checks the decoder against the weights, and hands the whole key over.
+with the facts, and hands the whole key over.
 
 When asked for, the fingerprint is read on every call (that is its point): the sampled elements'
 addresses are listed once per memo, as a table of byte spans (:mod:`labkit.ops.copy_spans`) that
