@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import labkit
-from conftest import random_prompt, rel_err
+from conftest import RecordedStep, random_prompt, rel_err
 from labkit.decode import fused_prefill
 from labkit.decode.registry import make_decoder, release_pooled
 
@@ -195,6 +195,25 @@ def test_a_replayed_prefill_checks_the_weights_while_it_runs(modify, graphs):
     assert decoder.cache.host_lengths == (6,) and decoder.cache.lengths.tolist() == [6]
     token = got.argmax(-1)
     assert torch.equal(decoder.step_greedy(token), model(torch.cat([prompt, token[:, None]], 1))[:, -1].argmax(-1))
+
+
+def test_generate_checks_the_weights_while_its_prompt_graph_runs(graphs, monkeypatch):
+    """A generate call that reuses a pooled fused+graph decoder with its prompt length captured walks
+    the model's tensors once, after the prompt's graph was launched (the walk overlaps the device
+    work), not in its set-up ahead of it."""
+    from labkit.decode import fused as fused_module
+
+    model = labkit.build("tiny-lfm2", dtype=torch.float32, seed=1)
+    prompt = random_prompt(model, 1, 5)
+    for _ in range(3):  # the length is captured at its second call
+        labkit.generate(model, prompt, 2, backend="fused+graph")
+    events = []
+    walk, replay = fused_module.weights_key, RecordedStep.replay
+    monkeypatch.setattr(fused_module, "weights_key", lambda *a, **k: events.append("walk") or walk(*a, **k))
+    monkeypatch.setattr(RecordedStep, "replay", lambda self: events.append("replay") or replay(self))
+    out = labkit.generate(model, prompt, 2, backend="fused+graph")
+    assert events[:2] == ["replay", "walk"] and events.count("walk") == 1, events
+    assert torch.equal(out.tokens, labkit.generate(model, prompt, 2).tokens)
 
 
 def test_a_refresh_drops_the_captured_continuations(graphs):
