@@ -190,12 +190,9 @@ def generate(
     B, T = input_ids.shape
     params = SamplingParams(temperature, top_k, top_p)
     stop_tokens = [int(t) for t in stop_tokens]  # an iterator is read once; the first one given pads
-    stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=model.device)
-    if stops.numel() and (int(stops.min()) < 0 or int(stops.max()) >= model.cfg.vocab_size):
-        raise ValueError(f"stop tokens must be in [0, {model.cfg.vocab_size})")
     pad = pad_token_id if pad_token_id is not None else (stop_tokens[0] if stop_tokens else 0)
 
-    _sync(model.device)
+    _sync(model.device)  # the caller's queued work is not this call's set-up
     t_setup = time.perf_counter()
     # a prefix cache's prefill resets the cache itself (zeroing it on a miss; a hit overwrites every
     # state it reads), so zeroing it here too would be launches for nothing
@@ -215,28 +212,34 @@ def generate(
             # the weights' key the snapshots are checked against, sampled values included (a walk of
             # the tensors, a gather and a read to the host), before the clock: the cache hands it on
             weights = weights_key(model)
+        # the one sync between set-up and prefill: set-up's device work (a made cache's fill, a reused
+        # one's reset) is set-up's time, and the prompt's clock starts on an idle device
         _sync(model.device)
         setup_s = time.perf_counter() - t_setup
-        return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stops, pad, progress,
+        return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stop_tokens, pad, progress,
                        prefix_cache, setup_s, host_ids, weights)
 
 
 def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, backend: str, params: SamplingParams,
-            seed: int | None, stops: torch.Tensor, pad: int, progress: bool | None,
+            seed: int | None, stop_tokens: list[int], pad: int, progress: bool | None,
             prefix_cache: "PrefixCache | None", setup_s: float, host_ids: torch.Tensor | None = None,
             weights: "WeightsKey | None" = None) -> GenerationResult:
-    """The timed part of :func:`generate`, once its decoder is ready (and, if pooled, lent to it)."""
+    """The timed part of :func:`generate`, once its decoder is ready (and, if pooled, lent to it).
+
+    Host work is arranged around the device's: what the decode loop needs is made while the prompt
+    runs (its output and flags), the first token is written into the output inside the time to first
+    token, and a call that generates one token has no decode steps to wait for. The device is waited
+    for before set-up, after it and at the first token, and after the decode steps when there are
+    any (plus, for ids on the GPU, the range check's read before set-up)."""
     model = decoder.model
     B, T = input_ids.shape
     generator = None
     if not params.greedy:
         generator = torch.Generator(device=model.device).manual_seed(0 if seed is None else seed)
 
-    out = torch.empty(B, max_new_tokens, dtype=torch.long, device=model.device)
-    finished = torch.zeros(B, dtype=torch.bool, device=model.device)
-
-    _sync(model.device)
-    t0 = time.perf_counter()
+    # before the prompt's launch: a copy from the host's pageable memory waits for the stream
+    stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=model.device)
+    t0 = time.perf_counter()  # set-up ended with a sync: the device is idle
     prefix_hit = 0
     # the ids' range was checked before the timing (not read again: a sync); with a prefix cache the
     # weights' key too, which the cache hands on. Without one, the prefill checks the weights itself,
@@ -247,6 +250,12 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
         pre = prefix_cache.prefill(decoder, input_ids, weights=weights, host_ids=host_ids)
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
+    # made while the prompt runs on the device
+    out = torch.empty(B, max_new_tokens, dtype=torch.long, device=model.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=model.device)
+    out[:, 0] = token  # no sequence has finished before its first token: nothing to pad
+    if stop_tokens:
+        finished |= torch.isin(token, stops)
     _sync(model.device)
     ttft_s = time.perf_counter() - t0
 
@@ -254,25 +263,24 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     if progress or (progress is None and max_new_tokens >= 256):
         from tqdm import tqdm  # text bars: widget bars need a live frontend and can stall batch runs
 
-        bar = tqdm(total=max_new_tokens, desc=f"decode [{backend}]", unit="tok")
-    n = 0
+        bar = tqdm(total=max_new_tokens, desc=f"decode [{backend}]", unit="tok", initial=1)
+    n = 1
     t1 = time.perf_counter()
-    while True:
-        token = torch.where(finished, torch.full_like(token, pad), token)
-        out[:, n] = token
-        if stops.numel():
-            finished |= torch.isin(token, stops)
-        n += 1
-        if bar is not None:
-            bar.update(1)
-        # One host read per step when stop tokens are in play: the price of stopping early.
-        if n == max_new_tokens or (stops.numel() and bool(finished.all())):
-            break
+    # One host read per step when stop tokens are in play: the price of stopping early.
+    while n < max_new_tokens and not (stop_tokens and bool(finished.all())):
         if params.greedy:
             token = decoder.step_greedy(token)  # a fused rung's argmax does not materialise logits
         else:
             token = sample(decoder.step(token), params, generator)
-    _sync(model.device)
+        if stop_tokens:  # without stop tokens no sequence finishes: nothing to pad
+            token = torch.where(finished, pad, token)
+            finished |= torch.isin(token, stops)
+        out[:, n] = token
+        n += 1
+        if bar is not None:
+            bar.update(1)
+    if n > 1:  # the steps' launches, waited for; one token leaves nothing after the first token's sync
+        _sync(model.device)
     decode_s = time.perf_counter() - t1
     if bar is not None:
         bar.close()

@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 
@@ -41,6 +43,25 @@ def test_stop_tokens_end_each_sequence(model):
     assert row[: row.index(stop) + 1] == free[0, : row.index(stop) + 1].tolist()
     assert all(t == 0 for t in row[row.index(stop) + 1 :])
     assert bool(out.finished[0])
+
+
+def test_a_one_token_call_waits_for_the_device_at_its_first_token_and_not_after(model, monkeypatch):
+    """Before set-up, after it and at the first token (written into the output inside the time to
+    first token): three waits for generate(..., 1), none for decode steps it does not have; a longer
+    call waits once more, after its steps. A first token that is a stop token ends the call there."""
+    gen = importlib.import_module("labkit.generate")  # the module: labkit.generate is also the function
+
+    waits = []
+    real = gen._sync
+    monkeypatch.setattr(gen, "_sync", lambda device: (waits.append(device), real(device)))
+    prompt = torch.randint(0, model.cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(8))
+    one = labkit.generate(model, prompt, 1)
+    assert len(waits) == 3 and one.steps == 0 and one.tokens.shape == (2, 1)
+    waits.clear()
+    four = labkit.generate(model, prompt, 4)
+    assert len(waits) == 4 and four.steps == 3 and torch.equal(four.tokens[:, :1], one.tokens)
+    stopped = labkit.generate(model, prompt, 4, stop_tokens=one.tokens[:, 0].tolist())
+    assert torch.equal(stopped.tokens, one.tokens) and bool(stopped.finished.all()) and stopped.steps == 0
 
 
 def test_generate_reuses_a_given_cache_and_checks_its_size(model):
