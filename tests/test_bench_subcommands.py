@@ -153,3 +153,65 @@ def test_the_miss_timeline_finds_the_device_idle_and_what_the_host_did_meanwhile
     assert second["at_ms"] == pytest.approx(0.07) and [n for n, _ in second["host"]] == ["call"]
     with pytest.raises(ValueError, match="host"):
         timeline([("k", True, 0.0, 1.0)])
+
+
+def test_generate_wall_splits_each_call_as_it_reports_itself(tmp_path, monkeypatch):
+    """Each row's wall is at least its parts (set-up, TTFT, decode), the rest is what is left of each
+    call, and the parts are the calls' own reports, not re-timed: a faked report moves them."""
+    from labkit.bench import generate_wall
+
+    argv = ["bench", "generate", "--models", "tiny-lfm2", "--impls", "reference", "--prompts", "9", "--new-tokens", "1",
+            "3", "--ids", "host", "device", "--repeats", "3", "--warmup", "1", "--device", "cpu",
+            "--data-dir", str(tmp_path), "--name", "g"]
+    assert main(argv) == 0
+    doc = _doc(tmp_path, "g")
+    assert doc["kind"] == "generate" and shlex.split(doc["command"])[3:] == argv
+    rows = doc["results"]
+    assert [(r["new_tokens"], r["ids"]) for r in rows] == [(1, "host"), (1, "device"), (3, "host"), (3, "device")]
+    for r in rows:
+        assert r["error"] is None and len(r["runs_ms"]) == 3 and r["first_call_ms"] > 0
+        assert r["wall_ms"] == pytest.approx(sorted(r["runs_ms"])[1])
+        assert 0 < r["ttft_ms"] < r["wall_ms"] and r["setup_ms"] > 0 and r["rest_ms"] >= 0
+    assert rows[0]["decode_ms"] < rows[2]["decode_ms"]  # one token has no decode steps; three have two
+
+    real = generate_wall.generate
+
+    def reporting_one_second_of_setup(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.setup_s = 1.0
+        return out
+
+    monkeypatch.setattr(generate_wall, "generate", reporting_one_second_of_setup)
+    assert main([*argv[:-1], "faked"]) == 0
+    faked = _doc(tmp_path, "faked")["results"][0]
+    assert faked["setup_ms"] == pytest.approx(1000) and faked["rest_ms"] < 0
+
+
+def test_generate_wall_refuses_a_peer_and_a_negative_warmup(tmp_path, capsys):
+    for bad, word in ((["--impls", "transformers"], "--impls"), (["--warmup", "-1"], "--warmup")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench", "generate", "--models", "tiny-lfm2", *bad, "--device", "cpu", "--data-dir", str(tmp_path),
+                  "--name", "g"])
+        assert exit_.value.code == 2 and word in capsys.readouterr().err
+
+
+def test_generate_wall_times_another_generate_in_turns_and_refuses_one_that_differs(tmp_path):
+    """--against: the same generate.py (a copy) gives the same tokens and figures of its own; a copy
+    whose first token is changed is a row that says so."""
+    import labkit.generate  # noqa: F401  (the module: labkit.generate is also the function)
+    import sys
+
+    source = open(sys.modules["labkit.generate"].__file__).read()
+    same, changed = tmp_path / "generate_same.py", tmp_path / "generate_changed.py"
+    same.write_text(source)
+    assert "    out[:, 0] = token" in source
+    changed.write_text(source.replace("    out[:, 0] = token", "    out[:, 0] = (token + 1) % model.cfg.vocab_size"))
+    base = ["bench", "generate", "--models", "tiny-qwen3.5", "--impls", "reference", "--prompts", "7", "--ids", "host",
+            "--repeats", "2", "--warmup", "0", "--device", "cpu", "--data-dir", str(tmp_path)]
+    assert main([*base, "--against", str(same), "--name", "same"]) == 0
+    (row,) = _doc(tmp_path, "same")["results"]
+    assert row["error"] is None and row["against"] == str(same)
+    assert row["against_wall_ms"] > 0 and row["against_ttft_ms"] > 0 and row["paired_saving_ms"] == row["paired_saving_ms"]
+    assert main([*base, "--against", str(changed), "--name", "changed"]) == 1
+    (row,) = _doc(tmp_path, "changed")["results"]
+    assert "different tokens" in row["error"]

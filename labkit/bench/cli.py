@@ -179,6 +179,7 @@ OWN_PARSERS = {
     "bank-conflicts": ("labkit.bench.counters", ("bank-conflicts",)),  # shared-tile transposes: predicted, counted
     "prefill-profile": ("labkit.bench.prefill_profile", ()),  # a prefill's device time, kernel by kernel
     "tail-ops": ("labkit.bench.tail_ops", ()),  # the MLP gate|up (a hit's tail, a prompt), a tail's attention
+    "generate": ("labkit.bench.generate_wall", ()),  # generate's wall clock, set-up included, and its split
 }
 
 
