@@ -187,8 +187,9 @@ def test_generate_wall_splits_each_call_as_it_reports_itself(tmp_path, monkeypat
     assert faked["setup_ms"] == pytest.approx(1000) and faked["rest_ms"] < 0
 
 
-def test_generate_wall_refuses_a_peer_and_a_negative_warmup(tmp_path, capsys):
-    for bad, word in ((["--impls", "transformers"], "--impls"), (["--warmup", "-1"], "--warmup")):
+def test_generate_wall_refuses_a_peer_a_negative_warmup_and_a_missing_file(tmp_path, capsys):
+    for bad, word in ((["--impls", "transformers"], "--impls"), (["--warmup", "-1"], "--warmup"),
+                      (["--against", str(tmp_path / "nothing.py")], "--against")):
         with pytest.raises(SystemExit) as exit_:
             main(["bench", "generate", "--models", "tiny-lfm2", *bad, "--device", "cpu", "--data-dir", str(tmp_path),
                   "--name", "g"])

@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shlex
-import sys
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,10 +64,6 @@ class GenerateWall:
     against_rest_ms: float = float("nan")
     paired_saving_ms: float = float("nan")  # median over rounds of (against's wall - this one's)
     error: str | None = None
-
-
-def _median_ms(seconds: list[float]) -> float:
-    return statistics.median(seconds) * 1e3
 
 
 def load_generate(path: str):
@@ -182,6 +178,8 @@ def main(argv: list[str]) -> int:
         p.error(f"argument --impls: {bad[0]!r} is not a labkit backend; choose from {', '.join(BACKENDS)}")
     if args.warmup < 0:
         p.error(f"argument --warmup: must be >= 0, got {args.warmup}")
+    if args.against is not None and not Path(args.against).is_file():
+        p.error(f"argument --against: no file {args.against!r} (e.g. git show <commit>:labkit/generate.py > FILE)")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     facts = device_facts(device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
