@@ -237,7 +237,7 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     if not params.greedy:
         generator = torch.Generator(device=model.device).manual_seed(0 if seed is None else seed)
 
-    # before the prompt's launch: a copy from the host's pageable memory waits for the stream
+    # made before the prompt is launched: its copy from pageable host memory would wait for the prefill
     stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=model.device)
     t0 = time.perf_counter()  # set-up ended with a sync: the device is idle
     prefix_hit = 0

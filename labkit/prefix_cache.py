@@ -547,10 +547,10 @@ class PrefixCache:
         snapshots change if the decoder's model is not this cache's, or the prompt does not fit.
 
         What a caller that has just done part of the work hands over, so that it is not done twice on
-        the clock (``generate`` does, before its timing starts):
-        ``weights``, the model's :func:`~labkit.weights.weights_key` (the decoder checks itself
-        against it; with its fingerprint, as ``generate`` reads it in its set-up, nothing is read here; without,
-        the fingerprint is read here, overlapping the look-up's hashing); ``host_ids``, ``input_ids``
+        the clock (``generate`` does, before its timing starts): ``weights``, the model's
+        :func:`~labkit.weights.weights_key` (the decoder checks itself against it; with its
+        fingerprint, as ``generate`` reads it in its set-up, nothing is read here; without, the
+        fingerprint is read here, overlapping the look-up's hashing); ``host_ids``, ``input_ids``
         copied to the host with their range checked (the look-up hashes the tokens there: without
         them, a copy and a device sync here)."""
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:

@@ -284,7 +284,7 @@ def weights_key(model: nn.Module, *, values: bool = True) -> WeightsKey:
 
 def with_values(model: nn.Module, key: WeightsKey) -> WeightsKey:
     """``key`` with its fingerprint: ``key`` itself if it has one; if it is the tensors key that
-    :func:`weights_key` has just given for ``model`` (a rung's :attr:`checked_weights`), only the
+    :func:`weights_key` has just given for ``model`` (``weights_key(model, values=False)``), only the
     fingerprint is read, the facts are not checked again; otherwise the whole key afresh."""
     return values_later(model, key)()
 

@@ -83,10 +83,6 @@ class _HostOnly(Decoder):
         self.checkpoint_multiple = decoder.checkpoint_multiple
         self._logits = torch.zeros(1, decoder.model.cfg.vocab_size, device=decoder.model.device)
 
-    @property
-    def checked_weights(self):
-        return self._decoder.checked_weights
-
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self._decoder.prefill(input_ids)
 

@@ -114,20 +114,12 @@ class FusedDecoder(FusedPrefill, Decoder):
     def hopper_features(self) -> frozenset[str]:
         return frozenset({"pdl"} if self.pdl else ())
 
-    @property
-    def checked_weights(self) -> WeightsKey | None:
-        """The model's :func:`weights_key` as the latest :meth:`refresh` took it (None before one
-        succeeded): a caller that has just refreshed the decoder passes it on instead of taking the
-        key again (a decoder fetched by ``fused_decoder`` has not been: its next prefill checks)."""
-        return self._weights
-
     def refresh(self, weights: WeightsKey | None = None) -> bool:
         """Rebuild the plan (and recapture the graphs) if the model's tensors changed since they were
         made: replaced, modified in place, or moved. True when it rebuilt. Called by every prefill
         (under fused+graph, while a captured prompt length's graph runs): once per sequence, never
-        per token. ``weights``:
-        the model's :func:`weights_key`, when the caller has just taken it (walking the model costs
-        ~0.2 ms on Qwen3.5-0.8B)."""
+        per token. ``weights``: the model's :func:`weights_key`, when the caller has just taken it
+        (walking the model costs ~0.2 ms on Qwen3.5-0.8B)."""
         key = weights_key(self.model, values=False) if weights is None else weights
         if key.same_tensors(self._weights):
             return False

@@ -38,8 +38,6 @@ decoder's attributes: a rung overrides what it does better than the default.
   ...: sm_90 and newer) that this decoder's kernels use; empty (the default) for a rung that uses
   none. A rung decides at construction: on a GPU without a feature it takes its path without it, or
   raises :class:`labkit.ops.features.MissingFeature` (see the registry's declarations).
-- ``checked_weights``: the model's :func:`labkit.weights.weights_key` as the rung last took it
-  (``None``: it took none), so a caller passes it on rather than taking it again.
 """
 
 from __future__ import annotations
@@ -93,10 +91,6 @@ class Decoder:
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
                         reader: Any, *, ids_checked: bool = False,
                         weights: Any = None, before: Any = None) -> tuple[torch.Tensor, Any] | None:
-        return None
-
-    @property
-    def checked_weights(self) -> Any:
         return None
 
 
