@@ -15,7 +15,6 @@ from .decode.registry import BACKENDS, leased_decoder, make_decoder
 from .model import HybridLM
 from .config import is_int
 from .sampling import SamplingParams, sample
-from .weights import WeightsKey, weights_key
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
@@ -207,23 +206,17 @@ def generate(
             cache.reset(zero=zero, keys_values=False)  # the prefill writes the keys and values it reads
             cache.check_room(B, T + max_new_tokens - 1)  # fail now rather than halfway through
             decoder = make_decoder(backend, model, cache)
-        weights = None
-        if prefix_cache is not None:
-            # the weights' key the snapshots are checked against, sampled values included (a walk of
-            # the tensors, a gather and a read to the host), before the clock: the cache hands it on
-            weights = weights_key(model)
         # the one sync between set-up and prefill: set-up's device work (a made cache's fill, a reused
         # one's reset) is set-up's time, and the prompt's clock starts on an idle device
         _sync(model.device)
         setup_s = time.perf_counter() - t_setup
         return _decode(decoder, input_ids, max_new_tokens, backend, params, seed, stop_tokens, pad, progress,
-                       prefix_cache, setup_s, host_ids, weights)
+                       prefix_cache, setup_s, host_ids)
 
 
 def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, backend: str, params: SamplingParams,
             seed: int | None, stop_tokens: list[int], pad: int, progress: bool | None,
-            prefix_cache: "PrefixCache | None", setup_s: float, host_ids: torch.Tensor | None = None,
-            weights: "WeightsKey | None" = None) -> GenerationResult:
+            prefix_cache: "PrefixCache | None", setup_s: float, host_ids: torch.Tensor | None = None) -> GenerationResult:
     """The timed part of :func:`generate`, once its decoder is ready (and, if pooled, lent to it).
 
     Host work is arranged around the device's: what the decode loop needs is made while the prompt
@@ -241,13 +234,13 @@ def _decode(decoder: Decoder, input_ids: torch.Tensor, max_new_tokens: int, back
     stops = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=model.device)
     t0 = time.perf_counter()  # set-up ended with a sync: the device is idle
     prefix_hit = 0
-    # the ids' range was checked before the timing (not read again: a sync); with a prefix cache the
-    # weights' key too, which the cache hands on. Without one, the prefill checks the weights itself,
-    # under fused+graph while the prompt's graph runs (FusedPrefill.prefill_checked)
+    # the ids' range was checked before the timing (not read again: a sync). The weights are checked
+    # by the prefill, under fused+graph while a captured prompt's (or a cached prefix's tail's) graph
+    # runs (FusedPrefill._replay_then_refresh)
     if prefix_cache is None:
         logits = decoder.prefill_checked(input_ids, ids_checked=True)
     else:
-        pre = prefix_cache.prefill(decoder, input_ids, weights=weights, host_ids=host_ids)
+        pre = prefix_cache.prefill(decoder, input_ids, host_ids=host_ids)
         logits, prefix_hit = pre.logits, pre.restored
     token = sample(logits, params, generator)
     # made while the prompt runs on the device

@@ -89,7 +89,9 @@ it frees its own bytes (one block of KV plus the recurrent states).
 A cache is bound to one model's weights: its configuration, dtype, device and weights
 (:func:`labkit.weights.weights_key`, whose fingerprint also sees edits through ``.data``); a model
 with other weights, or the same model after its weights changed, is refused with a clear error
-rather than restoring foreign state. Another model object with the same weights (the same
+rather than restoring foreign state (a ``fused+graph`` decoder replaying a captured hit or miss
+checks them while the replay runs, and drops it if they are refused: the decoder's cache is then
+left empty). Another model object with the same weights (the same
 checkpoint loaded twice: the same names, shapes, dtypes and sampled values,
 :meth:`labkit.weights.WeightsKey.same_values`) is accepted, and then bound like the first.
 """
@@ -289,6 +291,33 @@ def _clear_tables(tables: "weakref.WeakSet[_PlanTable]") -> None:
         table.plans.clear()
 
 
+class _WeightsCheck:
+    """The model's weights key (:func:`labkit.weights.weights_key`, with its fingerprint), checked
+    against a PrefixCache's snapshots (:meth:`PrefixCache._check_weights`: raises if they differ),
+    taken once, when first called: handed to a decoder as its ``weights``, it is called when the
+    rung wants it, after launching a captured replay where it has one (see
+    :class:`labkit.decode.Decoder`), so that the walk of the model (~0.2 ms of host on
+    Qwen3.5-0.8B) and the fingerprint's read overlap the device's work. On a GPU the read is ordered
+    after an event recorded here, before anything of this call is launched: it sees every write to
+    the weights queued before the call, and does not wait for the replay (``values_later(after=)``)."""
+
+    __slots__ = ("cache", "model", "given", "after", "key")
+
+    def __init__(self, cache: "PrefixCache", model: HybridLM, given: WeightsKey | None = None) -> None:
+        self.cache, self.model, self.given, self.key = cache, model, given, None
+        self.after = None
+        if model.device.type == "cuda" and (given is None or given.fingerprint is None):
+            self.after = torch.cuda.Event()
+            self.after.record(torch.cuda.current_stream(model.device))
+
+    def __call__(self) -> WeightsKey:
+        if self.key is None:
+            key = values_later(self.model, self.given, after=self.after)()
+            self.cache._check_weights(self.model, key)
+            self.key = key
+        return self.key
+
+
 @dataclass
 class PrefixPrefill:
     logits: torch.Tensor  # [B, vocab] after each row's last prompt token
@@ -405,6 +434,7 @@ class PrefixCache:
         room = getattr(getattr(decoder, "cache", None), "max_len", 1)
         ids = (torch.arange(min(2 * self.block_size + 1, room), dtype=torch.int64) % self.cfg.vocab_size)[None]
         self._check(decoder, ids)  # a decoder of another model is refused before anything runs
+        _WeightsCheck(self, decoder.model)()
         t0 = time.perf_counter()
         for _ in range(2):  # a miss that stores snapshots, then a hit that restores them
             self.prefill(decoder, ids.to(self.device))
@@ -456,11 +486,12 @@ class PrefixCache:
         return count
 
     # -- checks --------------------------------------------------------------------------------------
-    def _check(self, decoder: Decoder, input_ids: torch.Tensor, weights: WeightsKey | None = None,
-               host_ids: torch.Tensor | None = None) -> tuple[HybridLM, HybridCache, list, WeightsKey]:
-        """The model and cache, the block keys of the prompt's rows and the model's weights key, once the
-        decoder, its cache and the prompt are found to fit this PrefixCache (else an error).
-        ``host_ids``: the prompt on the host, its range already checked (:meth:`prefill`)."""
+    def _check(self, decoder: Decoder, input_ids: torch.Tensor,
+               host_ids: torch.Tensor | None = None) -> tuple[HybridLM, HybridCache, list]:
+        """The model and cache and the block keys of the prompt's rows, once the decoder, its cache
+        and the prompt are found to fit this PrefixCache (else an error); the weights are checked
+        apart (:class:`_WeightsCheck`). ``host_ids``: the prompt on the host, its range already
+        checked (:meth:`prefill`)."""
         if not isinstance(decoder, Decoder):
             raise TypeError(f"PrefixCache.prefill needs a labkit.decode.Decoder (a rung's decoder, e.g. from "
                             f"labkit.decode.make_decoder), got a {type(decoder).__name__}")
@@ -477,10 +508,6 @@ class PrefixCache:
                 f"this PrefixCache holds {self.dtype} snapshots on {self.device}; the model is {model.dtype} "
                 f"on {model.device}: make a PrefixCache for that model"
             )
-        # the weights' facts are checked now and their fingerprint's read launched; it is waited for
-        # after the prompt's blocks are hashed (host work done while the device gathers), and before
-        # anything changes
-        pending = values_later(model, weights)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [batch, tokens] tensor, got {getattr(input_ids, 'shape', input_ids)!r}")
         if input_ids.dtype not in (torch.int64, torch.int32):
@@ -512,10 +539,7 @@ class PrefixCache:
                 f"the prompt has {T} tokens but the decoder's cache holds max_len={cache.max_len}; "
                 "make a larger cache with model.new_cache(batch_size, max_len=...)"
             )
-        keys = _block_keys(host, self.block_size)
-        key = pending()
-        self._check_weights(model, key)
-        return model, cache, keys, key
+        return model, cache, _block_keys(host, self.block_size)
 
     def _check_weights(self, model: HybridLM, key: WeightsKey) -> None:
         """Refuse a model whose weights are not the ones the snapshots were made from: a model object
@@ -544,18 +568,21 @@ class PrefixCache:
                 host_ids: torch.Tensor | None = None) -> PrefixPrefill:
         """Reset ``decoder.cache``, restore the batch's longest cached prefix, prefill the rest, and
         return the last-token logits. Raises (ValueError, CacheFullError) before the cache or the
-        snapshots change if the decoder's model is not this cache's, or the prompt does not fit.
+        snapshots change if the decoder's model is not this cache's, or the prompt does not fit; if
+        the model's weights are not the snapshots' (:meth:`_check_weights`), before the snapshots
+        change, leaving the decoder's cache reset (empty).
 
-        What a caller that has just done part of the work hands over, so that it is not done twice on
-        the clock (``generate`` does, before its timing starts): ``weights``, the model's
-        :func:`~labkit.weights.weights_key` (the decoder checks itself against it; with its
-        fingerprint, as ``generate`` reads it in its set-up, nothing is read here; without, the
-        fingerprint is read here, overlapping the look-up's hashing); ``host_ids``, ``input_ids``
-        copied to the host with their range checked (the look-up hashes the tokens there: without
-        them, a copy and a device sync here)."""
+        The weights are checked the way the decoder wants them (:class:`_WeightsCheck`): a rung that
+        replays a captured prefill (``fused+graph``: a steady hit's restore and tail, a miss of a
+        shape seen before) launches it first and checks while the device runs it, dropping the
+        replay if the check fails; any other checks before it runs anything. ``weights``: the model's
+        :func:`~labkit.weights.weights_key` if the caller has just taken it (with its fingerprint,
+        nothing is read here). ``host_ids``: ``input_ids`` copied to the host with their range checked
+        (the look-up hashes the tokens there: without them, a copy and a device sync here)."""
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
-        model, cache, keys, key = self._check(decoder, input_ids, weights, host_ids)
+        model, cache, keys = self._check(decoder, input_ids, host_ids)
+        key = _WeightsCheck(self, model, weights)
         input_ids = input_ids.to(model.device)
         B, T = input_ids.shape
         bs = self.block_size
@@ -593,13 +620,16 @@ class PrefixCache:
         else:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if start and T - start < bs:
-            # no boundary to read: replayable (fused+graph); the ids and the weights were checked here already
+            # no boundary to read: replayable (fused+graph); the ids were checked here already, and
+            # the weights are (key() is taken once: asked again, it only confirms a rung asked it)
             logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key, before=restore)
+            key()
             return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)
         store = self.last_copies = _Store(CacheSpans.of(cache, self._layout))
         if not start and not count:  # nothing to read or restore: the decoder's own prefill (replayable)
-            return PrefixPrefill(logits=decoder.prefill_checked(input_ids, ids_checked=True, weights=key), restored=0,
-                                 row_hits=row_hits)
+            logits = decoder.prefill_checked(input_ids, ids_checked=True, weights=key)
+            key()
+            return PrefixPrefill(logits=logits, restored=0, row_hits=row_hits)
         # the delta rule's state checkpoints at the block boundaries, where the decoder's rule takes them
         multiple = decoder.checkpoint_multiple
         every = bs if count and multiple and bs % multiple == 0 else None
@@ -610,7 +640,9 @@ class PrefixCache:
                                        ids_checked=True, weights=key, before=restore)
         if read is not None:
             logits, boundaries = read
+            key()
         else:
+            key()  # before anything runs eagerly
             if restore is not None:
                 restore()
             checkpoints = [] if every else None
@@ -635,7 +667,7 @@ class PrefixCache:
 
     def _prefill_block_by_block(self, decoder: Decoder, cache: HybridCache, input_ids: torch.Tensor, keys: list,
                                 pos: int, current: list, pinned: set[int], admit: list[set[int]],
-                                store: _Store, weights: WeightsKey) -> torch.Tensor:
+                                store: _Store, weights: "_WeightsCheck") -> torch.Tensor:
         """For a decoder that cannot lend its cores: its own prefill, one block at a time, each
         boundary's state read from the cache after the block (and copied before the next block moves it)."""
         bs, (B, T) = self.block_size, input_ids.shape

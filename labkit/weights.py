@@ -28,27 +28,28 @@ few C-level passes (``map`` over the memo's lists, no Python call per tensor) ev
 that each entry is still the very object seen, and each tensor's address, version, shape and
 dtype; any difference, or a module or tensor that died, and the key is walked again. On the H200
 machine's host the memoized facts took 0.219 ms against the walk's 0.232 (data/bench/nvidia-h200/
-hit-host.json): the savings that count are taking the key once per call (``generate`` takes it in
-its set-up with a prefix cache and hands it to :meth:`labkit.PrefixCache.prefill`, which hands it
-to the decoder), and taking it while the device works (without a prefix cache, a ``fused+graph``
-prefill of a captured length replays its graph first and takes the key meanwhile:
-:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_checked`).
+hit-host.json): the savings that count are taking the key once per call, and taking it while the
+device works: a ``fused+graph`` prefill of a captured shape replays its graph first and takes the
+key meanwhile, without a prefix cache (:meth:`labkit.decode.fused_prefill.FusedPrefill.prefill_checked`)
+and with one, whose check of its snapshots' weights the decoder runs after the launch (a steady
+hit's restore and tail, a miss of a shape seen before: ``labkit.prefix_cache._WeightsCheck``).
 
 Who reads the fingerprint. A plan or a captured graph reads the tensors where they are, so an edit
 of their values (even through ``.data``) needs nothing rebuilt: the rungs key by ``layout`` and
 ``places`` alone (``weights_key(model, values=False)``, :meth:`WeightsKey.same_tensors`) and pay
 nothing for values. A prefix snapshot was computed from the values, so :class:`labkit.PrefixCache`
-reads the fingerprint on every prefill (:func:`values_later`, the two-step form of :func:`with_values`,
-from the rung's key: the facts are then not read twice); ``generate`` reads it in its set-up instead,
-with the facts, and hands the whole key over.
+reads the fingerprint on every prefill (:func:`values_later`, the two-step form of :func:`with_values`;
+the rung is handed the whole key, so the facts are not read twice), on a stream of its own ordered
+after an event recorded before the prefill's launches (``after=``): it sees every edit queued before
+the call and does not wait for the replay behind which it is taken.
 
 When asked for, the fingerprint is read on every call (that is its point): the sampled elements'
 addresses are listed once per memo, as a table of byte spans (:mod:`labkit.ops.copy_spans`) that
 gathers them into one buffer per device, so a read is one launch and one copy to the host per
 device, whatever the number of tensors. It is the one part that touches the device: on a GPU the
 host waits for it. :func:`values_later` launches the read and returns the wait, so that a caller
-works on the host meanwhile (:class:`labkit.PrefixCache` hashes the prompt's blocks): the copy
-lands in pinned host memory, queued behind the gather, and the wait is for its event. The design it replaced (a view of each tensor's samples, and
+works on the host meanwhile: the copy lands in pinned host memory, queued behind the gather, and
+the wait is for its event. The design it replaced (a view of each tensor's samples, and
 concatenations per dtype) cost Python and dispatch per tensor (~1 us for each view), and on a GPU
 concatenation kernels over hundreds of small inputs: an H100 profile of a Qwen3.5-0.8B prefix-cache
 hit (236 tensors, 2026-12-05) held four of them, 57 us of device time, which only the fingerprint
@@ -171,10 +172,11 @@ class _Memo:
         the same). ``tensors`` are alive (the caller holds them): the samples' addresses are theirs."""
         return self.values_later(tensors)()
 
-    def values_later(self, tensors: list[torch.Tensor]) -> Callable[[], WeightsKey]:
-        """:meth:`with_values` in two halves: the read is launched now (``tensors`` alive, as there),
-        and the function returned waits for it and gives the key."""
-        pending = self.samples.start()
+    def values_later(self, tensors: list[torch.Tensor], after: "torch.cuda.Event | None" = None
+                     ) -> Callable[[], WeightsKey]:
+        """:meth:`with_values` in two halves: the read is launched now (``tensors`` alive, as there;
+        ``after``: see :meth:`_Samples.start`), and the function returned waits for it and gives the key."""
+        pending = self.samples.start(after)
 
         def key() -> WeightsKey:
             fingerprint = pending()
@@ -215,6 +217,7 @@ class _Samples:
 
     def __init__(self, parts: list[tuple[Spans, torch.Tensor]]) -> None:
         self.parts = parts
+        self.side: dict[torch.device, torch.cuda.Stream] = {}  # per device, for reads ordered by an event
         # where each part's bytes land on the host: pinned for a device's, so that the copy is queued
         # without a wait (:meth:`start`); the buffer itself on a CPU
         self.hosts = [torch.empty(buf.numel(), dtype=torch.uint8, pin_memory=True) if buf.is_cuda else buf
@@ -240,19 +243,33 @@ class _Samples:
         return cls(parts)
 
     @torch.no_grad()
-    def start(self) -> Callable[[], bytes]:
+    def start(self, after: "torch.cuda.Event | None" = None) -> Callable[[], bytes]:
         """Launch the read (per device, the span table's gather and the copy to the host, queued on
         the current stream) and return a function that waits for it and gives the sampled bytes: a
         caller does host work of its own between the two, while the device gathers. (Two reads in
-        flight at once share the buffers; they read the same values while the weights do not change.)"""
+        flight at once share the buffers; they read the same values while the weights do not change.)
+
+        ``after``: an event recorded on the current stream before work that does not write the
+        weights (a replayed prefill): the read then runs on a stream of its own once that event has
+        passed, instead of queueing behind that work, so the wait is for the read alone. It still
+        sees every write to the weights queued before the event."""
         done = []
         for (spans, buf), host in zip(self.parts, self.hosts):
-            spans.run()
-            if buf.is_cuda:
+            if not buf.is_cuda:
+                spans.run()
+                continue
+            stream = torch.cuda.current_stream(buf.device)
+            if after is not None:
+                if buf.device not in self.side:
+                    self.side[buf.device] = torch.cuda.Stream(buf.device)
+                stream = self.side[buf.device]
+                stream.wait_event(after)
+            with torch.cuda.stream(stream):
+                spans.run()
                 host.copy_(buf, non_blocking=True)
                 event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(buf.device))
-                done.append(event)
+                event.record(stream)
+            done.append(event)
 
         def result() -> bytes:
             for event in done:
@@ -289,10 +306,13 @@ def with_values(model: nn.Module, key: WeightsKey) -> WeightsKey:
     return values_later(model, key)()
 
 
-def values_later(model: nn.Module, key: WeightsKey | None = None) -> Callable[[], WeightsKey]:
+def values_later(model: nn.Module, key: WeightsKey | None = None, *,
+                 after: "torch.cuda.Event | None" = None) -> Callable[[], WeightsKey]:
     """:func:`with_values` (``key`` None: :func:`weights_key`) in two halves: the facts are checked and
     the fingerprint's read launched now; the function returned waits for the read and gives the
-    key. :class:`labkit.PrefixCache` hashes the prompt's blocks in between, while the device gathers."""
+    key, while the caller works on the host in between. ``after``: an event on the current stream
+    that the read is ordered after, on a stream of its own rather than behind the work queued since
+    (:meth:`_Samples.start`): :class:`labkit.PrefixCache` takes the key while a replayed prefill runs."""
     if key is not None and key.fingerprint is not None:
         return lambda: key
     memo = _MEMOS.get(model)
@@ -300,6 +320,6 @@ def values_later(model: nn.Module, key: WeightsKey | None = None) -> Callable[[]
         key = weights_key(model, values=False)  # the facts checked (or walked afresh): the memo is current
         memo = _MEMOS[model]
     if memo is not None and memo.tensors_key is key:
-        return memo.values_later(list(map(operator.call, memo.tensors)))
+        return memo.values_later(list(map(operator.call, memo.tensors)), after)
     fresh = weights_key(model)
     return lambda: fresh

@@ -121,7 +121,7 @@ def test_a_miss_adds_only_its_window_copies_and_one_copy_per_dtype(model, admiss
 
     base, want = _count(monkeypatch, plain)
     prefix = labkit.PrefixCache(model, BS, budget_bytes=math.inf, admission=admission)
-    key = weights_key(model)  # taken outside the count, as generate takes it for its decoder
+    key = weights_key(model)  # taken outside the count: its read is not a launch of the miss
     miss, got = _count(monkeypatch, lambda: prefix.prefill(decoder, ids, weights=key))
     assert got.restored == 0 and torch.equal(got.logits, want)  # the same walk: bit for bit
     extra = miss.total + prefix.last_copies.launches - base.total

@@ -58,3 +58,38 @@ def test_the_same_checkpoint_loaded_twice_shares_one_cache(tmp_path):
     second.embed.weight.data.mul_(3)  # once accepted, it is bound like the first: an edit is refused
     with pytest.raises(ValueError, match="weights changed"):
         labkit.generate(second, ids, 3, prefix_cache=prefix)
+
+
+def test_a_replayed_hit_takes_the_weights_key_while_it_runs_and_drops_the_replay_if_refused(graphs, monkeypatch):
+    """fused+graph: a hit whose restore and tail are captured is replayed first and the weights are
+    checked after the launch (the walk of the model overlaps the device's work); a check that fails
+    then still refuses, leaves the decoder's cache empty and the snapshots as they were."""
+    import labkit.prefix_cache as pc
+
+    model = _model()
+    decoder = make_decoder("fused+graph", model, model.new_cache(1, 32))
+    prefix = labkit.PrefixCache(model, BS, budget_bytes=10**8)
+    ids = random_prompt(model, 1, 13)
+    want = model(ids)[:, -1]
+    for _ in range(3):  # a miss, then hits: the tail's graph is captured when its shape comes back
+        prefix.prefill(decoder, ids)
+    taken_at = []  # how many replays had run when each weights key was taken
+    later = pc.values_later
+    monkeypatch.setattr(pc, "values_later", lambda *a, **k: (taken_at.append(graphs.replays), later(*a, **k))[1])
+    replays = graphs.replays
+    got = prefix.prefill(decoder, ids)
+    assert got.restored == 12 and rel_err(got.logits, want) < 1e-5
+    assert taken_at == [replays + 1]  # the replay was launched before the key was taken
+    held = (len(prefix), prefix.nbytes)
+    model.embed.weight.data.mul_(3)
+    with pytest.raises(ValueError, match="weights changed"):
+        prefix.prefill(decoder, ids)
+    assert graphs.replays == replays + 2 and taken_at[-1] == replays + 2  # refused after its replay
+    assert decoder.cache.seq_len == 0 and (len(prefix), prefix.nbytes) == held
+    fresh = labkit.PrefixCache(model, BS, budget_bytes=10**8)  # the edited model, cached anew, is exact
+    for restored in (0, 12, 12, 12):
+        got = fresh.prefill(decoder, ids)
+        assert got.restored == restored and rel_err(got.logits, model(ids)[:, -1]) < 1e-5
+    replays = graphs.replays  # a miss of a captured shape (its third time here) replays first too
+    got = labkit.PrefixCache(model, BS, budget_bytes=10**8).prefill(decoder, ids)
+    assert got.restored == 0 and taken_at[-1] == replays + 1 and rel_err(got.logits, model(ids)[:, -1]) < 1e-5

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import graphs
+from .protocol import taken
 from .. import tuning
 from ..cache import HybridCache
 from ..ops.mixers import DeltaRule, MixerCores, attend_causal, attend_continuing, attend_ref, store_kv_ref, store_kv_slice
@@ -234,18 +235,21 @@ class FusedPrefill:
     def prefill_checked(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
                         weights: Any = None) -> torch.Tensor:
         """:meth:`prefill`, ``ids_checked`` and ``weights`` as for :meth:`prefill_continuation`:
-        ``generate`` has checked both just before, so the walk of the model (~0.1-0.2 ms of Python)
-        and the ids' read to the host (a sync) are not paid again in its time to first token."""
+        ``generate`` has checked the ids just before, so their read to the host (a sync) is not paid
+        again in its time to first token; a captured length replays before the weights are taken."""
         cache = self.cache
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         eager = not (self.graph_prefill and all(n == 0 for n in cache.host_lengths))
         T = input_ids.shape[1]
-        if not eager and weights is None and T in self._prefill_graphs:
-            logits = self._replay_then_refresh(input_ids)
-            if logits is not None:
-                return logits
+        if not eager and _untaken(weights) and T in self._prefill_graphs:
+            entry = self._prefill_graphs[T]
+            if self._replay_then_refresh(entry, input_ids, weights):
+                self._capture_due(self._prefill_seen, T)
+                self._prefill_graphs.move_to_end(T)
+                cache.advance_host(T)  # the graph advanced the device lengths
+                return entry.out["logits"][:, -1]
         else:
-            self.refresh(weights)
+            self.refresh(taken(weights))
         due = not eager and self._capture_due(self._prefill_seen, T)
         entry = None if eager else self._prefill_graphs.get(T)
         if eager or (entry is None and not due):
@@ -264,31 +268,31 @@ class FusedPrefill:
         cache.advance_host(T)  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
 
-    def _replay_then_refresh(self, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """The captured prefill of ``input_ids``' length into the fresh cache, replayed *before*
-        :meth:`refresh` checks the weights, so that the check (a walk of the model's tensors: 0.26 ms
-        of host for LFM2-350M on an H100, 5% of its 4,096-token prefill) runs while the device works
-        instead of ahead of it. Safe because the graph holds the tensors of its capture
-        (:class:`PrefillGraph`'s ``tensors``): a replay after the weights were replaced reads the old
-        ones, whole. If the check finds them changed, that replay's result is dropped: the refresh
-        has rebuilt the plan and dropped the graphs, the cache is reset as a prefill from position 0
-        finds it (zero states, zero lengths), and None tells the caller to prefill anew."""
-        cache, T = self.cache, input_ids.shape[1]
-        entry = self._prefill_graphs[T]
+    def _replay_then_refresh(self, entry: PrefillGraph, input_ids: torch.Tensor, weights: Any) -> bool:
+        """Replay the captured prefill ``entry`` of ``input_ids`` *before* :meth:`refresh` checks the
+        weights (``weights``: None or a caller's callable, see :class:`labkit.decode.Decoder`), so that
+        the check (a walk of the model's tensors: 0.26 ms of host for LFM2-350M on an H100, 5% of its
+        4,096-token prefill; with a caller's check, PrefixCache's, its fingerprint read too) runs while
+        the device works instead of ahead of it. Safe because the graph holds the tensors of its
+        capture (:class:`PrefillGraph`'s ``tensors``): a replay after the weights were replaced reads
+        the old ones, whole. True: the replay stands (the caller advances the host lengths). False:
+        the replay ran on weights the model no longer has; its result is dropped, the refresh has
+        rebuilt the plan and dropped the graphs, and the cache is put back as the caller handed it
+        over (zero states, the same host lengths; device lengths zero until a restore or the prefill
+        sets them), for the caller to prefill anew. If the check raises, the cache is left empty."""
+        cache = self.cache
+        host = list(cache.host_lengths)
         entry.ids.copy_(input_ids)
         entry.graph.replay()
-        stale = True
         try:
-            stale = self.refresh()
-        finally:
-            if stale:  # the replay ran on weights the model no longer has (or the check raised)
-                cache.reset(keys_values=False)
+            stale = self.refresh(taken(weights))
+        except BaseException:
+            cache.reset(keys_values=False)
+            raise
         if stale:
-            return None
-        self._capture_due(self._prefill_seen, T)
-        self._prefill_graphs.move_to_end(T)
-        cache.advance_host(T)  # the graph advanced the device lengths
-        return entry.out["logits"][:, -1]
+            cache.reset(keys_values=False)
+            cache._host_lengths = host
+        return not stale
 
     @torch.no_grad()
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
@@ -307,9 +311,15 @@ class FusedPrefill:
         cache = self.cache
         if not self.graph_prefill or (before is None and any(cache.host_lengths)):
             return None
-        self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape), checkpoint_every, None if before is None else before.key)
+        entry = self._reading_graphs.get(key)
+        if entry is not None and _untaken(weights) and self._replay_then_refresh(entry[0], input_ids, weights):
+            self._capture_due(self._reading_seen, key)
+            self._reading_graphs.move_to_end(key)
+            cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+            return entry[0].out["logits"][:, -1], entry[1]
+        self.refresh(taken(weights))
         due = self._capture_due(self._reading_seen, key)
         entry = self._reading_graphs.get(key)
         if entry is None and not due:
@@ -370,16 +380,30 @@ class FusedPrefill:
         ``before()`` then :meth:`prefill`.
 
         A caller that has already checked the token ids' range on the host (``ids_checked``: reading
-        them from the device is a sync) and taken the model's :func:`labkit.weights.weights_key` (``weights``), as
-        :class:`labkit.PrefixCache` does, passes them; shapes, dtype, device and room are checked."""
+        them from the device is a sync) passes it; shapes, dtype, device and room are checked.
+        ``weights`` (see :class:`labkit.decode.Decoder`): a key already taken; or None or a caller's
+        check, taken while the replay runs where this shape's graph is captured with a ``before``
+        (:meth:`_replay_then_refresh`: :class:`labkit.PrefixCache`'s steady hit is one replay with
+        the walk of the model and the fingerprint's read behind it), else before anything runs. Only
+        with a ``before``: a replay to drop must leave nothing that cannot be redone, and the restore
+        rewrites every state the tail reads, whereas a tail after the cache's own prefix would have
+        moved that prefix's states."""
         cache = self.cache
         if not self.graph or cache.seq_len == 0:
             if before is not None:
+                weights = taken(weights)  # checked before the restore runs eagerly
                 before()
             return self.prefill_checked(input_ids, ids_checked=ids_checked, weights=weights)
-        self.refresh(weights)
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape), None if before is None else before.key)
+        entry = self._continuations.get(key)
+        if (entry is not None and before is not None and _untaken(weights)
+                and self._replay_then_refresh(entry, input_ids, weights)):
+            self._capture_due(self._continuation_seen, key)
+            self._continuations[key] = self._continuations.pop(key)  # most recently used last
+            cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+            return entry.out["logits"][:, -1]
+        self.refresh(taken(weights))
         due = self._capture_due(self._continuation_seen, key)
         entry = self._continuations.pop(key, None)
         if entry is None and not due:  # a tail shape seen too rarely yet to pay a capture: eager
@@ -396,6 +420,12 @@ class FusedPrefill:
         entry.graph.replay()
         cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
+
+
+def _untaken(weights: Any) -> bool:
+    """Whether a prefill's ``weights`` is still to be taken (None, or a caller's check): a captured
+    replay then goes first, and the key is taken while it runs."""
+    return weights is None or callable(weights)
 
 
 def _then(first: Callable[[], None] | None, second: Callable[[], None]) -> Callable[[], None]:

@@ -34,6 +34,13 @@ decoder's attributes: a rung overrides what it does better than the default.
   itself, eagerly, with ``prefill_cores``. ``ids_checked``, ``weights``: as for
   ``prefill_continuation`` (the caller has checked the token ids' range on the host, reading them
   from the device being a sync; the model's weights key, just taken).
+- ``weights`` (of the three prefills above): the model's :func:`labkit.weights.weights_key` as the
+  caller has just taken it; ``None``: the rung takes it; or a callable that gives it (the caller's
+  own check with it, e.g. PrefixCache's against its snapshots, which raises if it fails), for the
+  rung to call once it wants the key: before it runs anything eagerly, or right after it launches
+  a captured replay (so that the walk of the model runs while the device works), dropping that
+  replay if the call raises or the key shows the tensors changed (:func:`taken` gives the key of
+  any of the three). The defaults call it first.
 - ``hopper_features``: the features of :mod:`labkit.ops.features` (``"pdl"``, ``"bulk_prefetch"``,
   ...: sm_90 and newer) that this decoder's kernels use; empty (the default) for a rung that uses
   none. A rung decides at construction: on a GPU without a feature it takes its path without it, or
@@ -50,7 +57,13 @@ from ..cache import HybridCache
 from ..model import HybridLM
 from ..ops.mixers import MixerCores
 
-__all__ = ["Decoder", "checked_decoder"]
+__all__ = ["Decoder", "checked_decoder", "taken"]
+
+
+def taken(weights: Any) -> Any:
+    """The weights key a caller handed a prefill (``weights=``): itself (a key, or None), or, handed
+    a callable, the key it gives (the caller's check runs then)."""
+    return weights() if callable(weights) else weights
 
 
 class Decoder:
@@ -70,6 +83,7 @@ class Decoder:
 
     def prefill_checked(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
                         weights: Any = None) -> torch.Tensor:
+        taken(weights)
         return self.prefill(input_ids)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B, vocab]
@@ -84,6 +98,7 @@ class Decoder:
 
     def prefill_continuation(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
                              weights: Any = None, before: Any = None) -> torch.Tensor:
+        taken(weights)
         if before is not None:
             before()
         return self.prefill(input_ids)

@@ -10,7 +10,7 @@ import torch
 from dataclasses import replace
 from typing import Any
 
-from .protocol import Decoder
+from .protocol import Decoder, taken
 from ..ops.delta_rule import delta_rule_chunked_ref, delta_rule_ref
 from ..ops.mixers import REFERENCE_CORES, MixerCores
 
@@ -61,7 +61,8 @@ class ReferenceDecoder(Decoder):
     def prefill_checked(self, input_ids: torch.Tensor, *, ids_checked: bool = False,
                         weights: Any = None) -> torch.Tensor:
         """:meth:`prefill`; with ``ids_checked`` (``generate`` read them on the host) the ids' range is
-        not read back again (a sync)."""
+        not read back again (a sync). ``weights``: a caller's check is run first (it keys nothing here)."""
+        taken(weights)
         self.model._check_input(input_ids, self.cache, check_ids=not ids_checked)
         return self.model.forward_checked(input_ids, self.cache, last_only=True, cores=self.prefill_cores())[:, -1]
 
