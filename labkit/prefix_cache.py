@@ -299,12 +299,15 @@ class _WeightsCheck:
     :class:`labkit.decode.Decoder`), so that the walk of the model (~0.2 ms of host on
     Qwen3.5-0.8B) and the fingerprint's read overlap the device's work. On a GPU the read is ordered
     after an event recorded here, before anything of this call is launched: it sees every write to
-    the weights queued before the call, and does not wait for the replay (``values_later(after=)``)."""
+    the weights queued before the call, and does not wait for the replay (``values_later(after=)``).
+    A refusal empties ``cache`` (the decoder's, if given) before it raises: whatever the rung or the
+    look-up had written there is no state to decode from."""
 
-    __slots__ = ("cache", "model", "given", "after", "key")
+    __slots__ = ("prefix", "model", "cache", "given", "after", "key")
 
-    def __init__(self, cache: "PrefixCache", model: HybridLM, given: WeightsKey | None = None) -> None:
-        self.cache, self.model, self.given, self.key = cache, model, given, None
+    def __init__(self, prefix: "PrefixCache", model: HybridLM, cache: HybridCache | None = None,
+                 given: WeightsKey | None = None) -> None:
+        self.prefix, self.model, self.cache, self.given, self.key = prefix, model, cache, given, None
         self.after = None
         if model.device.type == "cuda" and (given is None or given.fingerprint is None):
             self.after = torch.cuda.Event()
@@ -312,8 +315,13 @@ class _WeightsCheck:
 
     def __call__(self) -> WeightsKey:
         if self.key is None:
-            key = values_later(self.model, self.given, after=self.after)()
-            self.cache._check_weights(self.model, key)
+            try:
+                key = values_later(self.model, self.given, after=self.after)()
+                self.prefix._check_weights(self.model, key)
+            except BaseException:
+                if self.cache is not None:
+                    self.cache.reset(keys_values=False)
+                raise
             self.key = key
         return self.key
 
@@ -582,7 +590,7 @@ class PrefixCache:
         if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
             input_ids = input_ids[None]
         model, cache, keys = self._check(decoder, input_ids, host_ids)
-        key = _WeightsCheck(self, model, weights)
+        key = _WeightsCheck(self, model, cache, weights)
         input_ids = input_ids.to(model.device)
         B, T = input_ids.shape
         bs = self.block_size
@@ -620,8 +628,9 @@ class PrefixCache:
         else:
             admit = [{count - 1, len(p) - hit_blocks - 1} - {-1} for p in paths]
         if start and T - start < bs:
-            # no boundary to read: replayable (fused+graph); the ids were checked here already, and
-            # the weights are (key() is taken once: asked again, it only confirms a rung asked it)
+            # no boundary to read: replayable (fused+graph); the ids were checked here already. The
+            # key is taken once, when the rung asks: called again it only returns it (or takes it,
+            # for a rung that never asked)
             logits = decoder.prefill_continuation(input_ids[:, start:], ids_checked=True, weights=key, before=restore)
             key()
             return PrefixPrefill(logits=logits, restored=start, row_hits=row_hits)

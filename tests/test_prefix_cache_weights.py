@@ -29,8 +29,11 @@ def test_an_edit_through_data_after_snapshots_were_stored_is_refused():
     _prefill(prefix, model, ids)
     assert _prefill(prefix, model, ids).restored == 12
     model.embed.weight.data.mul_(3)
+    decoder = make_decoder("reference", model, model.new_cache(1, 32))
     with pytest.raises(ValueError, match="weights changed"):
-        _prefill(prefix, model, ids)
+        prefix.prefill(decoder, ids)
+    # the look-up had set the cache up for the restore: refused, it is left empty, not half-restored
+    assert decoder.cache.seq_len == 0 and decoder.cache.lengths.tolist() == [0]
 
 
 def test_a_fresh_cache_refuses_another_models_decoder_on_its_first_miss():
