@@ -264,6 +264,7 @@ class _Samples:
                     self.side[buf.device] = torch.cuda.Stream(buf.device)
                 stream = self.side[buf.device]
                 stream.wait_event(after)
+                buf.record_stream(stream)  # made on the current stream: not reused before this read ends
             with torch.cuda.stream(stream):
                 spans.run()
                 host.copy_(buf, non_blocking=True)
