@@ -34,13 +34,6 @@ def test_hit_breakdown_sums_host_restore_and_tail():
         pcr.hit_breakdown({}, host)
 
 
-def test_with_setup_adds_generates_set_up_to_both_sides_where_the_row_has_it():
-    row = dict(setup_nocache_ms=0.2, ttft_nocache_ms=12.0, setup_hit_ms=0.3, ttft_hit_ms=1.7, speedup_with_setup=6.1)
-    assert pcr.with_setup(row) == "; with `generate`'s set-up, what a caller waits for: 12.20 → 2.00 ms, **6.1×**"
-    assert pcr.with_setup({**row, "speedup_with_setup": float("nan")}) == ""  # measured before it was recorded
-    assert pcr.with_setup({"speedup": 6.0}) == ""
-
-
 def test_ttft_over_nocache_of_misses_uses_rows_that_restored_nothing():
     rows = [_row("unrelated", "lru", 8, 0.0, 0, 90.0, 30.0), _row("unrelated", "flops", 8, 0.0, 0, 60.0, 30.0),
             _row("shared-prefix", "lru", 8, 0.5, 100, 10.0, 40.0)]

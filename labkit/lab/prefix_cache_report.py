@@ -37,15 +37,6 @@ def arithmetic_speedup(prefix: int, suffix: int) -> float:
     return (prefix + suffix) / suffix
 
 
-def with_setup(row: dict) -> str:
-    """A TTFT row's figures with ``generate``'s set-up added (what a caller waits for: the set-up is
-    before the TTFT clock), as a clause to append; empty for rows measured before the bench recorded it."""
-    if not math.isfinite(row.get("speedup_with_setup", math.nan)):
-        return ""
-    return (f"; with `generate`'s set-up, what a caller waits for: {row['setup_nocache_ms'] + row['ttft_nocache_ms']:.2f} "
-            f"→ {row['setup_hit_ms'] + row['ttft_hit_ms']:.2f} ms, **{row['speedup_with_setup']:.1f}×**")
-
-
 def hit_breakdown(timeline: dict, host: dict) -> dict:
     """One hit's time in three parts, from the two committed profiles of the same hit
     (``bench hit-timeline``: wall clock and the tail's kernels; ``bench hit-host``: the host side with
