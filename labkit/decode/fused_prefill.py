@@ -243,10 +243,7 @@ class FusedPrefill:
         T = input_ids.shape[1]
         if not eager and _untaken(weights) and T in self._prefill_graphs:
             entry = self._prefill_graphs[T]
-            if self._replay_then_refresh(entry, input_ids, weights):
-                self._capture_due(self._prefill_seen, T)
-                self._prefill_graphs.move_to_end(T)
-                cache.advance_host(T)  # the graph advanced the device lengths
+            if self._replay_then_refresh(entry, input_ids, weights, self._prefill_seen, self._prefill_graphs, T):
                 return entry.out["logits"][:, -1]
         else:
             self.refresh(taken(weights))
@@ -268,14 +265,16 @@ class FusedPrefill:
         cache.advance_host(T)  # the graph advanced the device lengths
         return entry.out["logits"][:, -1]
 
-    def _replay_then_refresh(self, entry: PrefillGraph, input_ids: torch.Tensor, weights: Any) -> bool:
+    def _replay_then_refresh(self, entry: PrefillGraph, input_ids: torch.Tensor, weights: Any,
+                             seen: OrderedDict, graphs: dict, key: Any) -> bool:
         """Replay the captured prefill ``entry`` of ``input_ids`` *before* :meth:`refresh` checks the
         weights (``weights``: None or a caller's callable, see :class:`labkit.decode.Decoder`), so that
         the check (a walk of the model's tensors: 0.26 ms of host for LFM2-350M on an H100, 5% of its
         4,096-token prefill; with a caller's check, PrefixCache's, its fingerprint read too) runs while
         the device works instead of ahead of it. Safe because the graph holds the tensors of its
         capture (:class:`PrefillGraph`'s ``tensors``): a replay after the weights were replaced reads
-        the old ones, whole. True: the replay stands (the caller advances the host lengths). False:
+        the old ones, whole. True: the replay stands; the call of ``key`` is counted in ``seen``, its
+        entry in ``graphs`` made the most recently used, and the host lengths advanced. False:
         the replay ran on weights the model no longer has; its result is dropped, the refresh has
         rebuilt the plan and dropped the graphs, and the cache is put back as the caller handed it
         over (zero states, the same host lengths; device lengths zero until a restore or the prefill
@@ -292,7 +291,11 @@ class FusedPrefill:
         if stale:
             cache.reset(keys_values=False)
             cache._host_lengths = host
-        return not stale
+            return False
+        self._capture_due(seen, key)
+        graphs[key] = graphs.pop(key)  # most recently used last
+        cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+        return True
 
     @torch.no_grad()
     def prefill_reading(self, input_ids: torch.Tensor, checkpoint_every: int | None,
@@ -314,10 +317,8 @@ class FusedPrefill:
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape), checkpoint_every, None if before is None else before.key)
         entry = self._reading_graphs.get(key)
-        if entry is not None and _untaken(weights) and self._replay_then_refresh(entry[0], input_ids, weights):
-            self._capture_due(self._reading_seen, key)
-            self._reading_graphs.move_to_end(key)
-            cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+        if entry is not None and _untaken(weights) and self._replay_then_refresh(
+                entry[0], input_ids, weights, self._reading_seen, self._reading_graphs, key):
             return entry[0].out["logits"][:, -1], entry[1]
         self.refresh(taken(weights))
         due = self._capture_due(self._reading_seen, key)
@@ -397,11 +398,8 @@ class FusedPrefill:
         self.model._check_input(input_ids, cache, check_ids=not ids_checked)
         key = (cache.host_lengths, tuple(input_ids.shape), None if before is None else before.key)
         entry = self._continuations.get(key)
-        if (entry is not None and before is not None and _untaken(weights)
-                and self._replay_then_refresh(entry, input_ids, weights)):
-            self._capture_due(self._continuation_seen, key)
-            self._continuations[key] = self._continuations.pop(key)  # most recently used last
-            cache.advance_host(input_ids.shape[1])  # the graph advanced the device lengths
+        if (entry is not None and before is not None and _untaken(weights) and self._replay_then_refresh(
+                entry, input_ids, weights, self._continuation_seen, self._continuations, key)):
             return entry.out["logits"][:, -1]
         self.refresh(taken(weights))
         due = self._capture_due(self._continuation_seen, key)
