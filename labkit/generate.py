@@ -25,14 +25,14 @@ class GenerationResult:
     tokens: torch.Tensor  # [B, new] generated ids (after a stop token: the pad id)
     prompt_len: int
     # wall time to get the decoder ready, device synchronised: the cache (made, or reset), the
-    # decoder (made, or fetched; with a prefix cache, the weights' key its snapshots are checked
-    # against, sampled values included) and, when made, compiling and capturing its graphs. Near
-    # zero when generate reuses a pooled decoder.
+    # decoder (made, or fetched) and, when made, compiling and capturing its graphs. Near zero when
+    # generate reuses a pooled decoder.
     setup_s: float
     # time to first token: wall time from the prompt to the first generated token, device
     # synchronised: the prefill and the first token's sampling (set-up not included). The prefill
-    # checks the decoder against the weights (under fused+graph while the prompt's graph runs) and,
-    # when they changed, rebuilds and recaptures: that is in this time too
+    # checks the decoder against the weights (with a prefix cache, also the snapshots', sampled values
+    # included; under fused+graph while a captured graph runs) and, when they changed, rebuilds and
+    # recaptures: that is in this time too
     ttft_s: float
     decode_s: float  # wall time of the decode steps after the first token
     steps: int  # decode steps timed in decode_s
